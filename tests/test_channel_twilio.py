@@ -532,3 +532,33 @@ def test_a_supervisors_decision_made_while_the_caller_waits_is_heard_at_the_next
         assert "".join(reply(ws)[0]).strip() == "Your money is on its way. Anything else?"
         ws.send_json(prompt("No, thanks."))
         assert "".join(reply(ws)[0]).strip() == "Goodbye."  # said once
+
+
+def test_an_operators_written_message_to_a_phone_caller_is_refused_and_nothing_is_sent(tmp_path, fake, monkeypatch):
+    """A caller handed over is put through to `handoff_to` (or hung up): the relay that could say a
+    written message is over, and a call has no outbox, so an operator's message from the inbox
+    would go nowhere while the inbox showed it sent. It is refused (422 InvalidDecision, naming the
+    session and what to do), nothing is committed, and the takeover and release still work."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "auth.yaml").write_text("tokens:\n  olga-token-123: {principal: olga, roles: [operators]}\n")
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"))
+    olga, sid = {"Authorization": "Bearer olga-token-123"}, session_id_for("phone", "twilio", "CA0001")
+    fake.queue({"tool_calls": [{"name": "human", "arguments": {}}]})
+    with TestClient(app) as client:
+        with client.websocket_connect(relay_path(client)) as ws:
+            ws.send_json(setup())
+            ws.send_json(prompt("A person, please"))
+            reply(ws)
+            assert ws.receive_json()["type"] == "end"  # put through to handoff_to: the relay is over
+        base = f"/bots/phone/sessions/{sid}"
+        assert client.post(f"{base}/takeover", json={}, headers=olga).status_code == 200
+        turns = client.get(base, headers=olga).json()["turn"]
+        said = client.post(f"{base}/operator/messages", json={"text": "Hi, Olga here."}, headers=olga)
+        assert said.status_code == 422, said.text
+        assert said.json()["error"] == "InvalidDecision"
+        assert sid in said.json()["message"] and "phone call" in said.json()["message"]
+        assert "handoff_to" in said.json()["message"]
+        assert client.get(base, headers=olga).json()["turn"] == turns  # nothing committed, nothing queued
+        assert client.post(f"{base}/release", json={}, headers=olga).status_code == 200

@@ -100,3 +100,27 @@ def test_the_text_is_in_the_sessions_locale_and_a_bot_may_word_it(write_bot, tmp
         fake.queue(call("book"), MODEL_DOWN)
         events = loaded.session(meta={"locale": locale}).chat("book it")
         assert [e.data for e in events if e.type == "Error"] == [expected]
+
+
+def _failed_frame(client: TestClient, text: str, chat_id: str, extensions: bool) -> dict:
+    with client.websocket_connect("/_chat/routes") as ws:
+        ws.send_json({"type": "Connect", "chatId": chat_id, "extensions": extensions})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": chat_id, "data": {"userMessage": text}})
+        return until_done(ws)[-1]
+
+
+def test_the_extended_failed_frame_names_the_tools_that_ran_so_a_page_does_not_resend(write_bot, tmp_path, fake):
+    """The extended dialect's Failed carries `ran` (the page keeps the message out of the box:
+    sending it again would book again); a plain failure's has none, nor has the Quarkus
+    dialect's (exactly Quarkus' frame: the reason alone)."""
+    client, _ = _client(write_bot, tmp_path)
+    with client:
+        fake.queue(call("book"), call("look"), MODEL_DOWN)
+        assert _failed_frame(client, "book it", "e1", True) == {
+            "chatId": "e1", "type": "Failed", "data": "ServerError", "ran": ["book"]}
+        fake.queue(call("look"), MODEL_DOWN)
+        assert "ran" not in _failed_frame(client, "look", "e2", True)
+        fake.queue(call("book"), MODEL_DOWN)
+        assert _failed_frame(client, "book it", "q1", False) == {"chatId": "q1", "type": "Failed", "data": "ServerError"}
+        assert client.get("/bots/booking/sessions/e1").json()["history"][0]["ran"] == ["book"]

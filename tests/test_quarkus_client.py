@@ -26,6 +26,7 @@ import pytest
 
 import chatrun
 from browser_support import BROWSER_MARKS, chromium
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer, call
 
@@ -70,6 +71,9 @@ routes:
     tools: [schedule_wipe, schedule_wipe_only, abort_wipe, parent_schedule_wipe_and_push]
   child-chat-once:
     description: WipeTest's child route
+  booking:
+    description: a route whose tool has an outside effect (a failed turn after it ran)
+    tools: [book]
   quiet:
     description: RouteTest's null result (a route with nothing to say ends its loop quietly)
     tools: [say_nothing]
@@ -128,6 +132,15 @@ tools:
   push_per_chat_child: {description: push, action: {push: per-chat-child, immediate: true}}
   pop_child: {description: pop, action: {pop: true, message: popped, immediate: true}}
   say_nothing: {description: end quietly, action: {immediate: true}}
+  book:
+    description: book it (a handler with an outside effect)
+    handler: ports_tools:book
+    effect: once
+"""
+
+PORTS_TOOLS = """
+def book(ctx):
+    return "booked"
 """
 
 # The page a Quarkus app would serve: the client script, and nothing of chatrun's.
@@ -165,6 +178,7 @@ PAGE = """<!doctype html>
 def quarkus(fake, tmp_path):
     bot_file = tmp_path / "ports.yaml"
     bot_file.write_text(textwrap.dedent(PORTS))
+    (tmp_path / "ports_tools.py").write_text(PORTS_TOOLS)
     db = tmp_path / "chat.db"
     app = create_app([chatrun.load_bot(bot_file)], f"sqlite:///{db}")
     from fastapi.responses import FileResponse, HTMLResponse
@@ -344,6 +358,25 @@ def test_route_test_exception_rejects_the_promise_and_changes_nothing(quarkus, f
 
     session = httpx.get(f"{quarkus.base_url}/bots/ports/sessions/{result['id']}").json()
     assert session["stack"] == ["top"] and session["turn"] == 0
+
+
+def test_a_failure_after_a_tool_ran_is_the_quarkus_failed_alone_and_the_history_says_what_ran(quarkus, fake):
+    """The Quarkus client reads a Failed frame's `data` only (the reason: `new Error(reason)`),
+    so a turn that failed after its booking ran reaches it as Failed("ServerError") and nothing
+    else (docs/protocol.md, "A failed turn in the Quarkus dialect"); the text that says the
+    booking ran, and `ran`, are in the session's history for a page that reads it."""
+    fake.queue(call("book"), {"status": 400, "body": {"error": {"message": "the model is down"}}})
+    result = quarkus.evaluate("""async () => {
+        const s = await quarkusSession("booking");
+        return {failed: await turn(s, "book it"), id: s.session.id};
+    }""")
+    assert result["failed"] == {"ok": False, "error": "ServerError", "isError": True, "seen": []}
+    import httpx
+
+    [attempt] = httpx.get(f"{quarkus.base_url}/bots/ports/sessions/{result['id']}").json()["history"]
+    assert attempt["ok"] is False and attempt["ran"] == ["book"]
+    assert [e["data"] for e in attempt["events"] if e["type"] == "Error"] == [
+        BUILTIN["en"]["failed_after_effect"].format(tools="book")]
 
 
 def test_route_test_null_result_sends_nothing(quarkus, fake):

@@ -105,6 +105,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "This chat cannot go on: its access has expired or was refused. Reload the page to continue.",
         "lost_turn": "The connection was lost before the reply: your message is back in the box, to send again.",
         "failed_turn": "Your message is back in the box, to send again.",
+        # After a failed turn in which tools with an outside effect ran: the text is not given back.
+        "failed_kept_out": "Your message is not back in the box: sending it again would run {tools} again.",
         # A failed turn in which a tool that may change something ran (engine/session.py _failed_text).
         "failed_after_effect": "Sorry, your last message could not be handled and was not saved, but {tools} ran: please check what it did before asking again.",
         "unreadable": "cannot read {name}",
@@ -298,6 +300,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "Dieser Chat kann nicht weitergehen: sein Zugang ist abgelaufen oder wurde abgelehnt. Laden Sie die Seite neu, um fortzufahren.",
         "lost_turn": "Die Verbindung brach vor der Antwort ab: Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "failed_turn": "Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
+        "failed_kept_out": "Ihre Nachricht steht nicht wieder im Eingabefeld: Erneutes Senden würde {tools} noch einmal ausführen.",
         "failed_after_effect": "Entschuldigung, Ihre letzte Nachricht konnte nicht bearbeitet werden und wurde nicht gespeichert, aber {tools} wurde ausgeführt: Bitte prüfen Sie das Ergebnis, bevor Sie erneut fragen.",
         "unreadable": "{name} kann nicht gelesen werden",
         "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
@@ -481,6 +484,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "unauthorized_user": "لا يمكن متابعة هذه المحادثة: انتهت صلاحية الوصول إليها أو رُفض. أعد تحميل الصفحة للمتابعة.",
         "lost_turn": "انقطع الاتصال قبل الرد: رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "failed_turn": "رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
+        "failed_kept_out": "لم تُعَد رسالتك إلى مربع الكتابة: إرسالها مرة أخرى سيُنفِّذ {tools} مجددًا.",
         "failed_after_effect": "عذرًا، تعذّرت معالجة رسالتك الأخيرة ولم تُحفظ، لكن {tools} نُفِّذ: يُرجى التحقق مما حدث قبل أن تطلب مرة أخرى.",
         "unreadable": "تعذّرت قراءة {name}",
         "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",

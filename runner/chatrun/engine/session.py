@@ -831,7 +831,8 @@ class Session:
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
         detail = turn.kept_text(detail)
-        text = self._failed_text(text, turn)
+        ran = self._ran_with_effect(turn)
+        text = self._failed_text(text, ran)
         # INFO: a failed turn is the bot's or the model's problem, reported to the client already;
         # `chatrun serve` logs it (the author's detail), library users opt in with logging.
         log.info("session %s, turn %s failed: %s", self.id, self.turn_count + 1, detail)
@@ -840,6 +841,8 @@ class Session:
         # First, so the history's record of the attempt holds it too.
         self._emit(ev.ERROR, text, runtime=True, meta={"detail": detail})
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
+        if ran:  # what a door tells its client, so it does not offer the message to send again
+            failed["ran"] = ran
         replies = _replies(self.meta, self.bot.config, self.id, collected, self.locale)
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies
@@ -854,18 +857,24 @@ class Session:
             now = parse_time(decision.now).timestamp() if decision.now else time.time()
             self._c.retry = retried(self._c.retry, decision.backoff, now)
 
-    def _failed_text(self, text: str, turn: Turn) -> str:
-        """What the user is told of a failed turn: `text` ("nothing was kept") when no tool that may
-        change something outside the conversation (a handler, http:, openapi:, mcp: tool whose
-        effect is not `read`) ran in it, else that the message was not saved but those tools ran, in the
-        session's locale (`failed_after_effect`, definition/page_texts.py): the rollback undoes the
-        conversation, never what a tool did. Every door shows this Error's text."""
+    def _ran_with_effect(self, turn: Turn) -> list[str]:
+        """The tools of a failing turn that may have changed something outside the conversation (a
+        handler, http:, openapi:, mcp: tool whose effect is not `read`), each once, in call order:
+        the rollback undoes the conversation, never what a tool did. The failed record keeps them
+        as `ran` (the extended WebSocket's Failed carries them: the page does not give the
+        message back to send again)."""
         tools = self.bot.config.tools  # an action-only tool (no kind) changed the conversation only: undone
-        names = list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
-                                   if tools[e["tool"]].kinds))
-        if not names:
+        return list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
+                                  if tools[e["tool"]].kinds))
+
+    def _failed_text(self, text: str, ran: list[str]) -> str:
+        """What the user is told of a failed turn: `text` ("nothing was kept") when no tool with an
+        outside effect ran in it (`ran` empty), else that the message was not saved but those tools
+        ran, in the session's locale (`failed_after_effect`, definition/page_texts.py). Every door
+        shows this Error's text."""
+        if not ran:
             return text
-        return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(names))
+        return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(ran))
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
         """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the

@@ -103,6 +103,12 @@ RESOLVED_KEPT = 50  # how many resolved items' outcomes a session remembers (for
 _YES = {"approve", "approved", "yes", "y", "ok", "okay", "sure", "confirm", "go ahead"}
 _NO = {"reject", "rejected", "no", "n", "deny", "cancel", "decline"}
 OTHER_ANSWER = "the user answered with another message"  # the reason of a decline by any other message
+# An operator's written message to a phone call's session: the takeover put the caller through to
+# the channel's `handoff_to` (or hung up), so no relay is left to say it, and a call has no outbox.
+_CALLER_UNREACHABLE = ("not sent: session {session} is a phone call, and the caller cannot receive a written "
+                       "message (the takeover puts the call through to the twilio channel's handoff_to number, or "
+                       "hangs up without one, and a call has no outbox); speak to the caller on that line, then "
+                       "release the conversation")
 
 
 # -- who may decide (before the turn) -------------------------------------------------------------
@@ -120,6 +126,8 @@ def check_decision(c: Conversation, tools: Toolbox, decision: Decision) -> None:
         needed = list(dict.fromkeys([*(item.by if item else handover_roles(c.config)), OPERATOR_ROLE]))
         _check_roles(c, item.id if item else "takeover", needed)
         _check_holder(c, decision)
+        if isinstance(decision, OperatorSay) and c.meta.get(follow_up.CALL):
+            raise InvalidDecision(item.id if item else "takeover", _CALLER_UNREACHABLE.format(session=c.id))
         if isinstance(decision, Release) and decision.route and decision.route not in c.config.routes:
             raise UnknownRouteError(decision.route, list(c.config.routes))
         return

@@ -505,7 +505,8 @@ _ERRORS = {
          "HeldByAnother (another operator holds the conversation)",
     413: "TooLarge: body or userMessage over the limit",
     415: "UnsupportedMediaType: a body that is not application/json",
-    422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending); "
+    422: "InvalidDecision: edited arguments or an answer that do not match the declared schema (the item stays pending), "
+         "or an operator's message to a phone call's session (the caller cannot receive it); "
          "IdempotencyKeyReused: the Idempotency-Key of a committed request, sent with another request; "
          "EmptyMessage: a userMessage with no text (null, empty or only whitespace) and no attachment",
     429: "TooManyRequests",

@@ -733,10 +733,15 @@ def dialect(extensions: bool) -> Dialect:
     return EXTENDED_DIALECT if extensions else QUARKUS_DIALECT
 
 
-def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = None) -> str:
+def server_frame(chat_id: str | None, kind: str, data: Any, request_id: Any = None,
+                 ran: list[str] | None = None) -> str:
+    """A frame's JSON. `ran` (the extended dialect's Failed of a turn that failed after tools with
+    an outside effect ran): their names, so a client does not offer the message to send again."""
     out: dict[str, Any] = {"chatId": chat_id, "type": kind, "data": data}
     if request_id is not None:
         out["requestId"] = request_id
+    if ran:
+        out["ran"] = ran
     return _encode_frame(out)  # event data is plain JSON already (events.plain)
 
 

@@ -380,8 +380,11 @@ class Connection:
         last = None if run.replayed else session.last_turn
         if last is not None and last.get("ok") is False:
             # Rolled back. Quarkus ends a failing route with Failed("ServerError"), so the
-            # client's promise rejects; an extension-aware client got the reason as an Error.
-            self.send(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR), frame.request_id)
+            # client's promise rejects; an extension-aware client got the reason as an Error, and
+            # the tools with an outside effect that ran (`ran`: sending the message again repeats them).
+            ran = last.get("ran") if dialect.extensions else None
+            self.out.put(wire.server_frame(frame.chat_id, wire.FAILED, dialect.reason(wire.SERVER_ERROR),
+                                           frame.request_id, ran=ran))
         else:
             self.send(frame.chat_id, wire.COMPLETED, session.scope_id, frame.request_id)
 

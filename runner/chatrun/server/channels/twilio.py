@@ -13,7 +13,9 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    `text` tokens, not through the outbox (a live call has no later). An `interrupt` cancels
    the running turn (it rolls back) and the next prompt tells the model what the caller heard.
 3. An operator's takeover (`operator:`) or an ended conversation sends `end`: Twilio then asks
-   `POST /channels/{bot}/twilio/ended` (signed too), which dials `handoff_to` or hangs up.
+   `POST /channels/{bot}/twilio/ended` (signed too), which dials `handoff_to` or hangs up. An
+   operator's written message to the call's session is refused (engine/waiting.py
+   `check_decision`): the caller is reached on the line, not in writing.
 """
 
 from __future__ import annotations
@@ -396,9 +398,9 @@ class Call:
 
     async def catch_up(self, session: Any, spoken: Spoken) -> None:
         """Say what the turns the caller did not send said to them since the last they heard (a
-        supervisor's decision, an operator's words, an expired wait): a call has no outbox, so
-        they are heard before the answer to the next prompt, once. A socket starts from the
-        session's turns as it finds them."""
+        supervisor's decision, an expired wait; an operator's written words are refused): a call
+        has no outbox, so they are heard before the answer to the next prompt, once. A socket
+        starts from the session's turns as it finds them."""
         if self.heard_through is None:
             self.heard_through = session.turn_count
         if session.turn_count <= self.heard_through:

@@ -887,7 +887,10 @@
         if (!err.detail) showError(err.message || String(err));
         // A failed turn is rolled back: its text and files come back to send again (a stopped
         // one, Cancelled, is the reader's own doing: what they wrote stays in the chat only).
-        if (err.reason !== "Cancelled") giveBack({ text: text, files: sentTray }, "failed_turn");
+        // Not when tools with an outside effect ran (`ran`): sending it again would repeat them;
+        // the Error shown says which ran and asks the reader to check what they did.
+        if (err.ran && err.ran.length) showError(tx("failed_kept_out", { tools: err.ran.join(", ") }));
+        else if (err.reason !== "Cancelled") giveBack({ text: text, files: sentTray }, "failed_turn");
       }
     } finally {
       endStreaming();

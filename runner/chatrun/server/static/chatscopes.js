@@ -25,7 +25,8 @@
  * continues a stored session, builder.bot(name) picks a bot on a shared endpoint,
  * builder.streamEvery(ms or "reader") asks for fewer Stream events; every request
  * carries a requestId, so several requests of one session may be in flight; a rejection is a
- * ChatRouteError with `reason` and `detail` (the Error text); session.close({keep}) sends
+ * ChatRouteError with `reason`, `detail` (the Error text) and `ran` (the tools with an outside
+ * effect a failed turn ran: sending it again repeats them; [] when none); session.close({keep}) sends
  * Disconnect; session.chatId / session.scopeId are id / currentScope; client.close().
  * Unlike the Quarkus file, sessions built from one builder do not share their handler map, and
  * a page with no defaultHandler never breaks on an unhandled frame type (it is logged).
@@ -42,13 +43,15 @@
   }
 
   /** The rejection of a request: `message` and `reason` are the Failed reason (as Quarkus'
-   * `new Error(reason)`), `detail` the Error frame's text when the server sent one. */
+   * `new Error(reason)`), `detail` the Error frame's text when the server sent one, `ran` the
+   * Failed frame's tools with an outside effect that ran in the failed turn ([] when none). */
   class ChatRouteError extends Error {
-    constructor(reason, detail) {
+    constructor(reason, detail, ran) {
       super(reason);
       this.name = "ChatRouteError";
       this.reason = reason;
       this.detail = detail || null;
+      this.ran = Array.isArray(ran) ? ran : [];
     }
   }
 
@@ -269,7 +272,7 @@
       if (frame.type === "Failed") {
         if (waiter) {
           this._pending.delete(id);
-          waiter.reject(new ChatRouteError(frame.data, waiter.error));
+          waiter.reject(new ChatRouteError(frame.data, waiter.error, frame.ran));
         }
         return;
       }
