@@ -111,7 +111,7 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
         counts.dead_letters += len(dead) if dry_run else await store.delete_outbox(dead)
         counts.user_memory += await user_memory.aexpire(store, bot, retention.user_memory, now, dry_run)
     if not dry_run:
-        await replays.prune(store, now)  # the marks of deleted sessions' deliveries, once past their window
+        await replays.prune(store, now, replays.part_of(now))  # deleted sessions' marks, past their window
     if not dry_run and (counts.sessions or counts.dead_letters or counts.user_memory):  # most passes delete nothing
         await scrub(store)
     return counts
