@@ -373,11 +373,13 @@ class FakeBotFramework:
         self.server.shutdown()
         self.server.server_close()
 
-    def activity_token(self, service_url: str | None, audience: str | None = None, key: Any = None) -> str:
-        """A Bot Framework token for an activity; `service_url` None: one without the claim."""
+    def activity_token(self, service_url: str | None, audience: str | None = None, key: Any = None,
+                       issued: float | None = None) -> str:
+        """A Bot Framework token for an activity (valid an hour from `issued`, default now);
+        `service_url` None: one without the claim."""
         import jwt
 
-        now = int(time.time())
+        now = int(time.time() if issued is None else issued)
         claims: dict[str, Any] = {"iss": self.ISSUER, "aud": audience or self.app_id,
                                   "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
         if service_url is not None:

@@ -6,8 +6,8 @@ local fakes of tests/channel_support.py, with signatures computed by the platfor
 algorithms. One bot declares all the channels at once; each test runs its script through each
 channel: choices offered as buttons and a press choosing; a `confirm:` approval decided by a
 button; an operator's takeover from the operators' API while the user is on the channel; a
-delivery sent again three times answered once by one model call; a forged signature refused
-with 401 and no turn; an image the user sends reaching the model; a reply's card number and
+delivery sent again three times answered once by one model call, and posted again after its
+user's data was erased running nothing; a forged signature refused with 401 and no turn; an image the user sends reaching the model; a reply's card number and
 blocked sentence never reaching the platform, and its cited sources shown as links (issue 37;
 the other doors are tests/test_doors.py). The killed replica is tests/test_channel_replicas.py (real processes).
 
@@ -353,7 +353,8 @@ def chat(request, tmp_path, fake, monkeypatch) -> Iterator[Conversation]:
         (tmp_path / "guides").mkdir()
         (tmp_path / "guides" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
         (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}, "
-                                            "max-token-123: {principal: max, roles: [operators]}}\n")
+                                            "max-token-123: {principal: max, roles: [operators]}, "
+                                            "dpo-token-123: {principal: dora, roles: [privacy]}}\n")
         app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
                                  auth=str(tmp_path / "auth.yaml"))
         with TestClient(app) as client:
@@ -421,6 +422,25 @@ def test_a_delivery_sent_four_times_is_answered_once_by_one_model_call(chat):
     chat.settled()
     assert chat.texts() == ["You said hello."]
     assert len(chat.fake.requests) == 1
+
+
+def test_a_delivery_replayed_after_its_user_was_erased_runs_no_turn(chat):
+    """Erasure deleted the session with the outcome that dedupes the delivery: the same
+    delivery posted again ran its turn again, in a new session. Its hash is kept for the
+    replay window (store/replays.py): answered 200, nothing run, nothing stored."""
+    assert chat.user.say("hello", delivery=88) == 200
+    wait_until(chat.user.replies, what="the reply")
+    chat.settled()
+    owner = {"telegram": "telegram:42", "slack": "slack:U42", "whatsapp": "whatsapp:4915112345678",
+             "teams": "teams:aad-42"}[chat.user.kind]  # the principal `<kind>:<user id>`
+    dpo = {"Authorization": "Bearer dpo-token-123"}
+    assert chat.client.delete(f"/principals/{owner}", headers=dpo).json()["erased"]["sessions"] == 1
+    assert chat.user.say("hello", delivery=88) == 200
+    assert chat.client.delete(f"/principals/{owner}?dry_run=true", headers=dpo).json()["erased"]["sessions"] == 0
+    assert chat.user.say("hello again") == 200
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the new message's reply")
+    assert chat.texts() == ["You said hello.", "You said hello again."]
+    assert len(chat.fake.requests) == 2
 
 
 def test_a_forged_signature_gets_401_and_no_turn(chat):

@@ -8,6 +8,8 @@ with the bot's own token; the user's confirmation is an Adaptive Card and a pres
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -104,6 +106,18 @@ def test_tokens_signed_elsewhere_for_another_app_or_another_service_url_get_401(
         assert post(client, bf, activity, token).status_code == 401
     assert client.post("/channels/shop/teams", json=activity).status_code == 401
     assert fake.requests == [] and bf.activities == [] and outbox_empty(client)
+
+
+def test_an_activity_replayed_with_its_token_expired_gets_401(client, bf, fake):
+    """What bounds a captured Teams delivery's replay (docs/channels.md, "Replays"): its token's
+    `exp`, with 300 s of clock skew. A token that expired beyond that is refused; one within it runs."""
+    activity = bf.activity("act-1", "hello")
+    expired = bf.activity_token(activity["serviceUrl"], issued=time.time() - 3600 - 400)
+    assert post(client, bf, activity, expired).status_code == 401
+    assert fake.requests == []
+    skewed = bf.activity_token(activity["serviceUrl"], issued=time.time() - 3600 - 200)
+    assert post(client, bf, activity, skewed).status_code == 200
+    assert len(fake.requests) == 1
 
 
 def test_the_users_confirmation_is_an_adaptive_card_and_a_press_decides_it(client, bf):

@@ -134,7 +134,8 @@ def test_the_twiml_connects_the_call_to_a_signed_relay_and_only_that_call_may_op
     assert '<Connect action="http://testserver/channels/phone/twilio/ended">' in answer.text
     assert 'welcomeGreeting="Hello, this is the ticket line."' in answer.text
     assert 'url="ws://testserver/channels/phone/twilio/relay?token=CA0001.' in answer.text
-    good = relay_path(client)
+    url = unescape(re.search(r'<ConversationRelay url="([^"]+)"', answer.text).group(1))
+    good = f"{urlsplit(url).path}?{urlsplit(url).query}"
     forged = re.sub(r"\.([0-9a-f]{6})", ".000000", good, count=1)
     from starlette.websockets import WebSocketDisconnect
     for path in ("/channels/phone/twilio/relay", "/channels/phone/twilio/relay?token=CA0001.99999999999.abc", forged):
@@ -241,14 +242,30 @@ def test_a_prompt_twilio_sends_again_after_a_dropped_socket_runs_once(client, fa
     assert [m["content"] for m in fake.requests[-1]["messages"][1:]] == ["Any tickets?", "Two left.", "Any tickets?"]
 
 
+def test_a_voice_webhook_replayed_before_the_calls_first_prompt_gets_no_relay_token(client, fake):
+    """The 409 looked for the call's session, which its first prompt makes: a captured webhook
+    replayed between the call's answer and its first prompt still got a relay token. The first
+    webhook claims the CallSid in the store: the same signed webhook posted again gets 409 and
+    no token, however soon; the call's own relay URL still opens, and a new call is answered."""
+    fake.queue({"text": "Two left."})
+    path = relay_path(client)
+    replayed = signed_post(client, "/channels/phone/twilio", call_params())
+    assert replayed.status_code == 409, replayed.text
+    assert "ConversationRelay" not in replayed.text and "token=" not in replayed.text
+    assert "CA0001 is already connected" in replayed.json()["message"]
+    with client.websocket_connect(path) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Any tickets?"))
+        assert "".join(reply(ws)[0]) == "Two left."
+    assert relay_path(client, "CA0002")  # another call is answered
+
+
 def test_a_voice_webhook_replayed_after_the_calls_first_prompt_gets_no_relay_token(client, fake):
     """A captured signed webhook posted again would mint a fresh relay token for the CallSid and
-    let whoever holds it go on in the call's session: once the call's session exists, its
-    webhook is refused (409), while Twilio's own retries (before the first prompt) and its
+    let whoever holds it go on in the call's session: it is refused (409), while Twilio's
     reconnects (the same relay URL) still work."""
     fake.queue({"text": "Two left."})
-    relay_path(client)
-    path = relay_path(client)  # Twilio retrying the webhook before the call connected: answered
+    path = relay_path(client)
     with client.websocket_connect(path) as ws:
         ws.send_json(setup())
         ws.send_json(prompt("Any tickets?"))

@@ -130,6 +130,25 @@ def test_a_delivery_whose_message_was_sent_over_a_day_ago_runs_no_turn(client, m
     assert len(fake.requests) == 1
 
 
+def test_a_delivery_replayed_after_its_user_was_erased_runs_no_turn_within_the_window(client, meta, fake):
+    """Erasure deletes the session, and with it the outcome that dedupes the delivery: a captured
+    delivery replayed within MAX_DELIVERY_AGE ran its turn again in a new session. The erased
+    session's delivery ids are kept (hashed, store/replays.py) for the window: the replay is
+    answered 200 and runs nothing, stores nothing; a new message of the same user runs."""
+    assert post(client, whatsapp_message("wamid.E1", "my card is 4111")).status_code == 200
+    wait_until(lambda: sent(meta), what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    erased = client.delete("/principals/whatsapp:4915112345678").json()["erased"]
+    assert erased["sessions"] == 1, erased
+    assert post(client, whatsapp_message("wamid.E1", "my card is 4111")).status_code == 200
+    assert client.delete("/principals/whatsapp:4915112345678?dry_run=true").json()["erased"]["sessions"] == 0
+    assert len(fake.requests) == 1
+    assert post(client, whatsapp_message("wamid.E2", "hello again")).status_code == 200
+    wait_until(lambda: len(sent(meta)) == 2, what="the new message's reply")
+    assert [r["interactive"]["body"]["text"] for r in sent(meta)] == ["You said my card is 4111.", "You said hello again."]
+    assert len(fake.requests) == 2
+
+
 def test_the_users_confirmation_is_reply_buttons_and_a_press_decides_it(client, meta):
     post(client, whatsapp_message("wamid.B1", "book Hamlet"))
     wait_until(lambda: sent(meta), what="the question")

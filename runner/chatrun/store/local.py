@@ -159,6 +159,12 @@ class LocalAsyncStore:
             return None
         return await self._call(self._durable.get_outcome, session_id, request_id)
 
+    async def request_ids(self, session_id: str) -> list[str]:
+        """The ids of the requests whose outcomes the session keeps; [] from a user's store,
+        which cannot list them (store/replays.py)."""
+        listing = getattr(self.sync, "request_ids", None)
+        return await self._call(listing, session_id) if listing is not None else []
+
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         await self._call(self.sync.delete_session, session_id, memory_ids)
         self._process_records.delete_session(session_id)

@@ -230,6 +230,11 @@ class InMemoryStore:
             text = self._outcomes.get(session_id, {}).get(request_id)
         return None if text is None else from_json(text)
 
+    def request_ids(self, session_id: str) -> list[str]:
+        """The ids of the requests whose outcomes the session keeps (store/replays.py)."""
+        with self._lock:
+            return list(self._outcomes.get(session_id, {}))
+
     def commit_turn(
         self,
         session_id: str,

@@ -395,6 +395,12 @@ class PostgresStore:
                               (session_id, request_id))
         return None if row is None else from_json(row[0])
 
+    async def request_ids(self, session_id: str) -> list[str]:
+        """The ids of the requests whose outcomes the session keeps (store/replays.py)."""
+        rows = await self._all(f"read the request ids of session {session_id}",
+                               "SELECT request_id FROM requests WHERE session_id = %s", (session_id,))
+        return [str(r[0]) for r in rows]
+
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         async with self._tx(f"delete session {session_id}") as conn:
             await _lock_session(conn, session_id)

@@ -634,6 +634,10 @@ class RedisStore:
         text = await self.client.hget(self._key("r", session_id), request_id)
         return None if text is None else from_json(text)
 
+    async def request_ids(self, session_id: str) -> list[str]:
+        """The ids of the requests whose outcomes the session keeps (store/replays.py)."""
+        return list(await self.client.hkeys(self._key("r", session_id)))
+
     async def delete_session(self, session_id: str, memory_ids: list[str], lease: Lease | None) -> None:
         keys = [self._key(k, session_id) for k in ("s", "h", "r", "ro", "l")]
         keys += [f"{self.prefix}sessions", self._key("rk", session_id), *self._pending_keys]

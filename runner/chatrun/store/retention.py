@@ -14,16 +14,19 @@ go with it) and its files with the blob area's `delete_session`.
                     bots kept of it (`user_memory:`)
     user memory     `retention.user_memory`: a remembered fact not written again that long
                     (store/user_memory.py; reading leaves it out already)
+    replay marks    what a deleted session leaves so its deliveries are not run again if
+                    replayed (store/replays.py): deleted once past their window
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import DROP, Retention
-from chatrun.store import user_memory
+from chatrun.store import replays, user_memory
 from chatrun.store.aio import scrub
 from chatrun.store.record import DEAD, OutboxEntry
 
@@ -80,8 +83,11 @@ async def old_dead_letters(store: AsyncStore, bot: str, retention: Retention, no
 
 
 async def delete_stored(store: AsyncStore, blobs: BlobArea | None, session_id: str, lease: Lease | None = None) -> int:
-    """Delete one stored session and its files; how many files it held."""
+    """Delete one stored session and its files; how many files it held. Its recent request ids
+    are left behind as marks first (store/replays.py), so a delivery replayed after the
+    deletion is refused, not run again."""
     record = await store.load_session(session_id)
+    await replays.keep_session(store, session_id, record, time.time())
     files = len(blobs.refs(session_id)) if blobs is not None else 0
     await store.delete_session(session_id, record.memory_ids if record is not None else [], lease)
     if blobs is not None:
@@ -104,6 +110,8 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
         dead = await old_dead_letters(store, bot, retention, now)
         counts.dead_letters += len(dead) if dry_run else await store.delete_outbox(dead)
         counts.user_memory += await user_memory.aexpire(store, bot, retention.user_memory, now, dry_run)
+    if not dry_run:
+        await replays.prune(store, now, replays.part_of(now))  # deleted sessions' marks, past their window
     if not dry_run and (counts.sessions or counts.dead_letters or counts.user_memory):  # most passes delete nothing
         await scrub(store)
     return counts

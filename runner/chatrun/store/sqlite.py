@@ -341,6 +341,12 @@ class SQLiteStore:
             ).fetchone()
         return None if row is None else from_json(row[0])
 
+    def request_ids(self, session_id: str) -> list[str]:
+        """The ids of the requests whose outcomes the session keeps (store/replays.py)."""
+        with self._locked(f"read the request ids of session {session_id}") as conn:
+            rows = conn.execute("SELECT request_id FROM requests WHERE session_id = ?", (session_id,)).fetchall()
+        return [row[0] for row in rows]
+
     def commit_turn(
         self,
         session_id: str,

@@ -25,6 +25,7 @@ from chatrun.definition.page_texts import builtin_locale, page_texts
 from chatrun.definition.templates import ENV
 from chatrun.errors import ChatrunError
 from chatrun.server.wire import channel_session_id
+from chatrun.store import replays
 from chatrun.toolkinds.http import Environment, retry_after
 
 if TYPE_CHECKING:
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
 MAX_ANSWER_BYTES = 1_000_000  # of a platform's answer to a call (a message's id, an error): more is not read
 # The oldest a message's own signed timestamp may be: past it a delivery is refused, since the
 # turn's dedupe record (the last outcomes of a session) may be gone and a captured delivery would
-# run again. 24 h is WhatsApp's customer-service window: a reply to an older message cannot go out
-# as text anyway (CHANGELOG, docs/channels.md).
-MAX_DELIVERY_AGE = 24 * 3600
+# run again. The replay window of store/replays.py, which keeps a deleted session's delivery ids
+# (hashed) that long (docs/channels.md, "Replays").
+MAX_DELIVERY_AGE = replays.WINDOW
 
 
 def too_old(sent: float | None, max_age: float, now: float | None = None) -> bool:

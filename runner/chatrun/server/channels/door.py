@@ -67,6 +67,7 @@ from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt, unusable
+from chatrun.store import replays
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -363,6 +364,12 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
     forward to the same session. The note names the ended session before the latest too, where
     a retry of a message that ran there is replayed."""
     kind, store = channel.kind, registry.store
+    if await replays.seen(store, f"{kind}:{inbound.delivery}", time.time()):
+        # Its session was deleted (an erasure, retention) after the message ran there: the
+        # delivery's mark (store/replays.py) stands for the outcome that went with it.
+        log.warning("channel %s of bot %s: refused delivery %s: it ran in a session since deleted (a replay?)",
+                    kind, bot, inbound.delivery)
+        return
     inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)

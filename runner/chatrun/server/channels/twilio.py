@@ -5,8 +5,9 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters, keyed with
    the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
    connects the call to the relay socket, whose URL carries a token chatrun signed for this
-   call (`relay_token`): only the call Twilio announced may open a socket, and a webhook for a
-   call whose session exists (a captured one replayed) gets 409, no token.
+   call (`relay_token`): only the call Twilio announced may open a socket. The first webhook
+   claims the CallSid in the store: the same webhook posted again (a captured one replayed)
+   gets 409 and no token, whenever it comes (store/replays.py: CALL_CLAIM_AGE).
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
    Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
    as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
@@ -58,6 +59,7 @@ from chatrun.server.channels.base import (
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
 from chatrun.server.sessions import OPEN
+from chatrun.store import replays
 
 if TYPE_CHECKING:
     from chatrun.server.sessions import SessionRegistry
@@ -174,13 +176,11 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     call_sid = dict(params).get("CallSid", "")
     if not call_sid:
         raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
-    if await registry.store.load_session(session_id_for(bot, KIND, call_sid)) is not None:
-        # A call's webhook comes (and is retried by Twilio) before its first prompt: one for a
-        # call whose session exists is a captured webhook replayed to get a relay token.
-        log.warning("channel twilio of bot %s: refused a voice webhook for call %s: its session exists "
-                    "(a replayed webhook?)", bot, call_sid)
+    if not await _first_webhook(registry, bot, call_sid):
+        log.warning("channel twilio of bot %s: refused a voice webhook for call %s: the call was answered "
+                    "before (a replayed webhook?)", bot, call_sid)
         raise wire.RequestFailed(wire.SESSION_EXISTS, f"call {call_sid} is already connected: a voice webhook gets a "
-                                 "relay token only before the call's first prompt")
+                                 "relay token only once per call")
     base = channel.public_base(str(request.base_url))
     socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call_sid)})
@@ -190,6 +190,15 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
         attributes += f" welcomeGreeting={quoteattr(greeting)}"
     action = quoteattr(f"{base}/channels/{bot}/{KIND}/ended")
     return _twiml(f"<Connect action={action}><ConversationRelay {attributes}/></Connect>")
+
+
+async def _first_webhook(registry: SessionRegistry, bot: str, call_sid: str) -> bool:
+    """Whether this is the call's first voice webhook: it claims the CallSid in the store
+    (store/replays.py, atomic across replicas), so the same webhook posted again, at any moment
+    after (a captured one replayed to get a relay token), is refused, as is one for a call whose
+    session exists (a call answered before the claim was made). A new call has a CallSid of its own."""
+    claimed = await replays.claim(registry.store, f"{KIND}-call:{bot}:{call_sid}", time.time() + replays.CALL_CLAIM_AGE)
+    return claimed and await registry.store.version(session_id_for(bot, KIND, call_sid)) is None
 
 
 async def relay_ended(bot: str, request: Request, registry: Registry) -> Response:
