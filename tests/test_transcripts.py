@@ -112,6 +112,43 @@ def test_invalid_transcript_diagnostics_name_lines(tmp_path):
     assert any(line.startswith(f"{path}:11:") and "unknown key `extra`" in line for line in lines), lines
 
 
+def test_a_mistyped_role_in_memory_or_sent_is_named_as_a_role_not_a_state_path(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              memory: [{usr: hi}, {assistant: Hello}]
+              sent: [{messages: [{uesr: hi}]}]
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    lines = [d.format() for d in info.value.diagnostics]
+    assert f"{path}:6:17: error: `usr` in `turns[0].expect.memory[0]` is not a role: user, assistant, tool, " \
+           "system or summary" in lines, lines
+    assert any(line.startswith(f"{path}:7:") and "`uesr` in `turns[0].expect.sent[0].messages[0]` is not a role"
+               in line for line in lines), lines
+    assert not any("state path" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("value", ["", "null", "5", "{detail: gone}"])
+def test_an_error_expectation_that_is_neither_true_false_nor_a_matcher_is_refused_at_its_line(tmp_path, value):
+    """`error:` left empty read as null, which no turn ever matched: it failed saying the turn
+    succeeded though an Error was expected, whatever the author meant."""
+    path = hello_transcript(tmp_path, f"""
+        turns:
+          - user: hi
+            model: [{{text: Hello}}]
+            expect:
+              error: {value}
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    assert [d.format() for d in info.value.diagnostics] == [
+        f"{path}:6:7: error: `turns[0].expect.error` must be true, false or a matcher on the Error text (a string, "
+        "{contains: ..}, {regex: ..}); empty (`error:` alone) says neither"]
+
+
 def test_cli_reports_invalid_transcript_with_file_line(tmp_path):
     path = write(tmp_path / "transcripts" / "bad.yaml", "bot: ..\nturns:\n  - model: [{text: hi}]\n")
     code, out = cli([str(path)])

@@ -438,6 +438,17 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
+def _key_name_message(error: Violation, where: str) -> str:
+    """A mapping's key the schema's `propertyNames` refuses: a role of `memory:` or `sent.messages`
+    (an enum), a state path (`state:`), or a name (`user_memory:`)."""
+    if error.validator == "enum":
+        roles = [str(r) for r in error.validator_value]
+        return f"`{error.instance}` {where} is not a role: {', '.join(roles[:-1])} or {roles[-1]}"
+    if str(error.validator_value).startswith("^(state|scope)"):
+        return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+    return f"`{error.instance}` {where} is not a name: letters, digits and `_`, not starting with a digit"
+
+
 def _message(error: Violation, path: tuple) -> str:
     where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
@@ -458,7 +469,8 @@ def _message(error: Violation, path: tuple) -> str:
                 else f"turn {where} needs `user:` (a message), `data:` (structured input) or a third party's step "
                 f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
-        return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+        return (f"`{dotted(path)}` must be true, false or a matcher on the Error text (a string, {{contains: ..}}, "
+                "{regex: ..}); empty (`error:` alone) says neither")
     if _unruly(error):
         return _unruly_message(error, path)
     if _response(error):
@@ -470,7 +482,7 @@ def _message(error: Violation, path: tuple) -> str:
                 f"({'it says' if one else 'they say'} how the model misbehaves; "
                 "docs/transcripts.md, \"A model that misbehaves\")")
     if "propertyNames" in error.schema_path:
-        return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+        return _key_name_message(error, where)
     if kind == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):
         return (f"`{dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
                 f"(e.g. \"yes\", \"no\", \"1.0\")")
