@@ -680,6 +680,28 @@ def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_wh
     assert cli([str(path)])[0] == 0  # valid, and it passes
 
 
+def test_update_leaves_a_transcript_whose_turn_the_bot_fails_as_it_was(travel_copy):
+    """A handler that raises is the bot failing, not a changed reply: --update used to write the
+    Error's text as the turn's `error:` (and over an explicit `error: false`), so the transcript
+    passed with the bug in it."""
+    tools = travel_copy / "travel_tools.py"
+    tools.write_text(tools.read_text().replace('    reservation = dict(ctx.scope["reservation"])\n',
+                                               '    reservation = dict(ctx.scope["reservation"])\n    1 / 0\n', 1))
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    said_false = path.read_text().replace("  - user: Business, please\n", "  - user: Business, please\n"
+                                          "    # the booking must go through\n", 1)
+    for text in (path.read_text(), said_false.replace("    expect:\n      route: main_menu\n",
+                                                      "    expect:\n      error: false\n      route: main_menu\n", 1)):
+        path.write_text(text)
+        code, out = cli([str(path), "--update"])
+        assert code == 1, out
+        assert path.read_text() == text  # not one byte written
+        line = text.splitlines().index("  - user: Business, please") + 1
+        assert (f"{path}:{line}: --update left this transcript as it was: turn 3 ends in an Error it does not "
+                "expect (tool book") in out, out
+        assert "ZeroDivisionError" in out and "fix the bot; if the turn should fail, write its `error:`" in out, out
+
+
 def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'travel'}
