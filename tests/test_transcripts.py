@@ -855,6 +855,44 @@ def test_pytest_plugin_collects_and_reports(travel_copy):
     assert "2 failed, 1 passed" in run.stdout, run.stdout
 
 
+def _transcripts_a_text_test_missed(tmp_path: Path) -> None:
+    """A misspelled `turns:` and two valid transcripts whose `turns` key is not a plain
+    `turns:` line, each expecting a reply the bot does not give, and a YAML file that is not a
+    transcript (no `bot:`): discovery skipped the first three, so they passed unrun."""
+    hello_transcript(tmp_path, "turn:\n  - user: hi\n    model: [{text: Hello}]\n", "misspelled.yaml")
+    hello_transcript(tmp_path, '"turns":\n  - user: hi\n    model: [{text: Hello}]\n'
+                     "    expect: {events: [{Message: Bye}]}\n", "quoted.yaml")
+    bot = os.path.relpath(HELLO, tmp_path / "transcripts")
+    write(tmp_path / "transcripts" / "flow.yaml",
+          f"{{bot: {bot}, turns: [{{user: hi, model: [{{text: Hello}}], expect: {{events: [{{Message: Bye}}]}}}}]}}\n")
+    write(tmp_path / "transcripts" / "notes.yaml", "owner: ana\n")
+
+
+def test_a_transcript_folder_runs_every_transcript_in_it_however_its_turns_key_is_written(tmp_path, monkeypatch):
+    _transcripts_a_text_test_missed(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, out = cli(["transcripts"])
+    assert code == 1, out
+    assert "0 passed, 3 failed" in out, out
+    assert "transcripts/misspelled.yaml:2:1: error: unknown key `turn` at the top level" in out, out
+    assert "turn 1 (transcripts/quoted.yaml:3): events differs" in out, out
+    assert "turn 1 (transcripts/flow.yaml:1): events differs" in out, out
+    assert "notes.yaml" not in out
+
+
+@pytest.mark.subprocess
+def test_pytest_plugin_collects_every_transcript_of_a_transcripts_folder(tmp_path):
+    _transcripts_a_text_test_missed(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "-q",
+                          "transcripts"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 1, run.stdout
+    assert "3 failed" in run.stdout and "passed" not in run.stdout, run.stdout
+    assert "transcripts/misspelled.yaml:2:1: error: unknown key `turn` at the top level" in run.stdout
+    assert "turn 1 (transcripts/flow.yaml:1): events differs" in run.stdout, run.stdout
+    assert "notes" not in run.stdout
+
+
 @pytest.mark.subprocess
 def test_pytest_plugin_reports_invalid_regex_and_non_utf8_transcripts(tmp_path):
     hello_transcript(tmp_path, """

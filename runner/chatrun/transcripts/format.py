@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
-from chatrun.definition.sources import dotted, suggest, wrong_file
+from chatrun.definition.sources import dotted, file_kind, suggest, wrong_file
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.engine.clock import parse_duration
 from chatrun.errors import BotError, ChatrunError, Diagnostic
@@ -511,19 +511,33 @@ def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> li
         p = Path(given)
         if p.is_dir():
             for candidate in sorted([*p.rglob("*.yaml"), *p.rglob("*.yml")]):
-                if _looks_like_transcript(candidate):
+                if looks_like_transcript(candidate):
                     found.append(str(candidate))
         else:
             found.append(given)
     return list(dict.fromkeys(found))
 
 
-def _looks_like_transcript(path: Path) -> bool:
+def looks_like_transcript(path: Path) -> bool:
+    """Whether discovery (`chatrun test DIR`, the pytest plugin) runs a YAML file as a transcript:
+    a top-level `turns:` (or `refused:`) however it is written (quoted, flow style), and, in a
+    folder named `transcripts`, also a file with `bot:` or one that does not parse: a misspelled
+    `turns:` or a syntax error fails there at its line instead of being skipped unrun."""
+    import yaml
+
     # errors="replace": a transcript that is not UTF-8 is still found, and load_transcript says why it fails.
     try:
-        return is_transcript_text(path.read_bytes().decode("utf-8", errors="replace"))
+        text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError:
         return False
+    if is_transcript_text(text):
+        return True
+    in_folder = "transcripts" in path.parent.parts
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return in_folder
+    return file_kind(data) == "transcript" or in_folder and isinstance(data, dict) and "bot" in data
 
 
 def _rel(path: Path, root: Path) -> str:
