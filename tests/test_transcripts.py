@@ -702,6 +702,22 @@ def test_update_leaves_a_transcript_whose_turn_the_bot_fails_as_it_was(travel_co
         assert "ZeroDivisionError" in out and "fix the bot; if the turn should fail, write its `error:`" in out, out
 
 
+def test_update_writes_a_scripted_model_failure_but_never_over_error_false(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{error: 503}]   # no fallback answers: the turn fails, as scripted
+          - user: hi again
+            model: [{error: 503}]
+            expect: {error: false}  # the author says a fallback must answer it
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 1 and f"{path}:5: --update left this transcript as it was: turn 2 ends in an Error" in out, out
+    path.write_text(path.read_text().replace("expect: {error: false}", "expect: {error: true}"))
+    assert cli([str(path), "--update"])[0] == 0
+    assert [t.expect["error"] for t in load_transcript(path).turns][0].startswith("the model failed on route chat")
+
+
 def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'travel'}

@@ -390,13 +390,14 @@ def update_from_result(result: Any, accept_errors: bool = False) -> bool:
 
 def refuse_unexpected_error(result: Any) -> None:
     """--update never decides that a turn may fail: the first turn ending in an Error it does not
-    expect (no `error:`, or `error: false`) raises, naming its line. A turn whose scripted model
-    response fails (`{error: ...}`) is the transcript's own doing: its Error may be written."""
+    expect (no `error:`, or `error: false`) raises, naming its line. A turn without `error:` whose
+    scripted model response fails (`{error: ...}`) is the transcript's own doing: its Error may be
+    written; `error: false` (a fallback must answer it) never is overwritten."""
     for tr in result.turns:
-        turn, obs = tr.turn, tr.observed
-        expected = (turn.expect or {}).get("error", False)
-        scripted = any(isinstance(r, dict) and "error" in r for r in turn.model)
-        if obs is None or obs.error is None or expected is not False or scripted:
+        turn, obs, expect = tr.turn, tr.observed, tr.turn.expect or {}
+        if obs is None or obs.error is None or expect.get("error", False) is not False:
+            continue
+        if "error" not in expect and any(isinstance(r, dict) and "error" in r for r in turn.model):
             continue
         raise ChatrunError(
             f"{result.transcript.file}:{turn.line}: --update left this transcript as it was: turn {turn.index} "
