@@ -243,3 +243,10 @@ def test_a_refused_start_route_can_be_expected(bot_dir):
     write_transcript(bot_dir, "bot: ..\nroles: []\n", "empty.yaml")
     code, out = run(str(bot_dir / "transcripts" / "empty.yaml"))
     assert code == 1 and "missing required key `turns`" in out
+
+    # turns after a refused start never run: they passed unrun, whatever they expected
+    path = write_transcript(bot_dir, refused + "turns:\n  - user: hi\n    model: [{text: Hi}]\n"
+                            "    expect: {route: nowhere}\n", "with_turns.yaml")
+    code, out = run(str(path))
+    assert code == 1 and f"{path}:5:1: error: `turns:` never run after a refused start (`refused:`): " \
+        "remove them, or `refused:` to test a conversation that starts" in out, out

@@ -159,7 +159,8 @@ def load_transcript(path: str | Path) -> Transcript:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
         diagnostics += (regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
-                        + upgrade_diagnostics(doc) + attach_diagnostics(doc) + unruly_diagnostics(doc))
+                        + upgrade_diagnostics(doc) + attach_diagnostics(doc) + unruly_diagnostics(doc)
+                        + refused_diagnostics(doc))
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -242,6 +243,16 @@ def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
                                   "`upgrade:` needs the transcript's top-level `version:` (the version the "
                                   "conversation starts on)", dotted(("turns", i, "upgrade"))))
     return out
+
+
+def refused_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """`refused:` expects the start to be refused, so no turn runs: `turns:` beside it would pass
+    unrun whatever they expect."""
+    if "refused" not in doc.data or "turns" not in doc.data:
+        return []
+    pos = doc.pos(("turns",))
+    return [Diagnostic(doc.file, pos.line, pos.col, "error", "`turns:` never run after a refused start "
+                       "(`refused:`): remove them, or `refused:` to test a conversation that starts", "turns")]
 
 
 def attach_spec(file: str, item: str | dict[str, Any]) -> AttachSpec:
