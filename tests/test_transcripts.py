@@ -410,6 +410,20 @@ def test_discovery_progress_summary_and_exit_codes(travel_copy, tmp_path):
     assert cli([str(empty)])[0] == 5
 
 
+def test_chatrun_test_without_paths_runs_the_yml_and_subfolder_transcripts_the_plugin_runs(travel_copy):
+    """`chatrun test` alone globbed bots/*/transcripts/*.yaml: a `.yml` transcript, or one in a
+    subfolder, passed unrun there while `chatrun test bots` and pytest ran it."""
+    folder = travel_copy / "transcripts"
+    failing = "bot: {bot}\nturns:\n  - user: hi\n    model: [{{text: Hello}}]\n    expect: {{route: nowhere}}\n"
+    (folder / "short.yml").write_text(failing.format(bot=".."))
+    (folder / "more").mkdir()
+    (folder / "more" / "nested.yaml").write_text(failing.format(bot="../.."))
+    code, out = cli(["-v"])
+    assert code == 1 and out.splitlines()[-1] == "3 passed, 2 failed", out
+    assert "bots/travel/transcripts/short.yml FAILED" in out and "bots/travel/transcripts/more/nested.yaml FAILED" in out
+    assert cli(["bots"])[1].splitlines()[-1] == "3 passed, 2 failed"  # the same as given the folder
+
+
 def test_exitfirst_and_parallel(travel_copy):
     route_file = travel_copy / "routes" / "flight.yaml"
     route_file.write_text(route_file.read_text().replace("Destination set to", "Destination now"))

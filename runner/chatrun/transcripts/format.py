@@ -506,27 +506,28 @@ def _message(error: Violation, path: tuple) -> str:
 
 # -- discovery -----------------------------------------------------------------------------
 
-DEFAULT_GLOB = "bots/*/transcripts/*.yaml"
-VERSIONS_GLOB = "bots/*/versions/*/transcripts/*.yaml"  # a bot in several versions (docs/versions.md)
+# A bot's transcripts folders (a bot in several versions has one per version, docs/versions.md)
+DEFAULT_FOLDERS = ("bots/*/transcripts", "bots/*/versions/*/transcripts")
 
 
 def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> list[str]:
-    """Transcript files: the given files, the YAML files with `turns:` under given directories,
-    or (no paths) `bots/*/transcripts/*.yaml` and `bots/*/versions/*/transcripts/*.yaml` under
-    `root` (the current directory)."""
+    """Transcript files: the given files, the transcripts under given directories
+    (looks_like_transcript), or (no paths) those under the DEFAULT_FOLDERS of `root` (the current
+    directory), found the same way: `.yml` and subfolders too."""
     root = root or Path.cwd()
     if not paths:
-        return [_rel(p, root) for p in sorted([*root.glob(DEFAULT_GLOB), *root.glob(VERSIONS_GLOB)])]
+        folders = [p for pattern in DEFAULT_FOLDERS for p in root.glob(pattern) if p.is_dir()]
+        return [_rel(p, root) for p in sorted(p for folder in folders for p in transcripts_under(folder))]
     found: list[str] = []
     for given in paths:
         p = Path(given)
-        if p.is_dir():
-            for candidate in sorted([*p.rglob("*.yaml"), *p.rglob("*.yml")]):
-                if looks_like_transcript(candidate):
-                    found.append(str(candidate))
-        else:
-            found.append(given)
+        found += [str(c) for c in transcripts_under(p)] if p.is_dir() else [given]
     return list(dict.fromkeys(found))
+
+
+def transcripts_under(folder: Path) -> list[Path]:
+    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs."""
+    return [c for c in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]) if looks_like_transcript(c)]
 
 
 def looks_like_transcript(path: Path) -> bool:
