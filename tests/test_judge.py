@@ -156,6 +156,33 @@ def test_live_compares_what_the_bot_did_not_the_models_words(bot_dir, fake):
     assert code == 1 and "route differs" in out
 
 
+def test_live_compares_the_pending_items_the_bot_left(tmp_path, fake):
+    """A live model that answers instead of asking for the refund leaves no approval waiting:
+    `pending:` (and `resolved:`, `taken_over:`) were skipped live, so the transcript passed."""
+    refunds = Path(__file__).resolve().parents[1] / "bots" / "refunds"
+    path = tmp_path / "transcripts" / "refund.yaml"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""\
+        bot: {refunds}
+        clock: 2026-11-25T09:00:00+01:00
+        turns:
+          - user: Please refund 120 EUR on order A1001.
+            model:
+              - tool_calls: [{{name: refund, arguments: {{order: A1001, amount: 120}}}}]
+            expect:
+              pending: [{{id: p1, kind: approval, tool: refund}}]
+              resolved: {{}}
+              taken_over: null
+        """))
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1001", "amount": 120}}]})
+    code, out = run(str(path), "--live")
+    assert code == 0, out  # the bot asked for the approval, live: it passes
+    fake.queue({"text": "Done, refunded!"})  # the model skips the tool: nothing waits
+    code, out = run(str(path), "--live")
+    assert code == 1, out
+    assert f"turn 1 ({path}:4): pending differs\n" in out, out
+
+
 def test_live_reasks_a_failed_judgement_once_and_reports_the_reason(bot_dir, fake):
     path = write_transcript(bot_dir)
     fake.queue({"text": "When?"}, verdict(0.3, "Too terse."), verdict(0.8, "Asks for the date."))
@@ -216,3 +243,10 @@ def test_a_refused_start_route_can_be_expected(bot_dir):
     write_transcript(bot_dir, "bot: ..\nroles: []\n", "empty.yaml")
     code, out = run(str(bot_dir / "transcripts" / "empty.yaml"))
     assert code == 1 and "missing required key `turns`" in out
+
+    # turns after a refused start never run: they passed unrun, whatever they expected
+    path = write_transcript(bot_dir, refused + "turns:\n  - user: hi\n    model: [{text: Hi}]\n"
+                            "    expect: {route: nowhere}\n", "with_turns.yaml")
+    code, out = run(str(path))
+    assert code == 1 and f"{path}:5:1: error: `turns:` never run after a refused start (`refused:`): " \
+        "remove them, or `refused:` to test a conversation that starts" in out, out

@@ -84,3 +84,53 @@ def test_save_says_when_the_saved_transcript_does_not_replay_what_the_session_di
            "fails it:\nturn 1 (" in out.stdout
     assert "-- Message: You rolled" in out.stdout and "run it with: chatrun test" not in out.stdout
     assert saved.is_file()  # kept: the author decides (a mock, a pinned handler) and saves again
+
+
+# Texts YAML reads as something else when written plainly: a mapping (`: `), a comment (` #`), a
+# list item (`- `), a boolean, null, a number, a date, an alias, a tag, a block scalar; and unicode.
+YAML_SPECIAL = ["key: value # not a comment", "- leading dash", "yes", "null", "~", "on", "123", "1e3", "0x1F",
+                "2026-01-01", "*star", "&anchor", "!tag", "|pipe", ">fold", "'single'", '"double"', "@at", "%pct",
+                "Zürich ☕ naïve 🚀", "a\\nb (a backslash n, not a line break)"]
+
+
+def _saved_texts(path) -> list[str]:
+    import yaml
+
+    turns = yaml.safe_load(path.read_text(encoding="utf-8"))["turns"]
+    return [t.get("user") for t in turns] + [m["text"] for t in turns for m in t["model"] if "text" in m]
+
+
+def _chatrun_test(path) -> tuple[int, str]:
+    import os
+    import subprocess
+    import sys
+
+    from test_repl import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "chatrun", "test", str(path)], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=120)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_save_round_trips_yaml_special_texts_tools_a_route_change_and_an_approval(tmp_path):
+    flight = tmp_path / "flight.yaml"
+    script = [line for text in YAML_SPECIAL for line in (text, f"/say {text}")]
+    script += ["I want to book a flight: Dublin # soon", "/call book_flight {}",
+               '/call set_destination {"destination": "Dublin"}', "/say When: #1, - yes?", f"/save {flight}"]
+    out = run_repl(["bots/travel", "--play-model"], "\n".join(script) + "\n")
+    assert out.returncode == 0, out.stderr
+    assert _saved_texts(flight) == [*YAML_SPECIAL, "I want to book a flight: Dublin # soon",
+                                    *YAML_SPECIAL, "When: #1, - yes?"]
+    assert "route: flight" in flight.read_text()
+    assert _chatrun_test(flight) == (0, ".\n1 passed, 0 failed\n")
+
+    refund = tmp_path / "refund.yaml"
+    script = ["/clock 2026-11-25T09:00", "Refund: 120 EUR # now - yes", '/call refund {"order": "A1001", "amount": 120}',
+              "/principal bob roles=supervisor", '/approve p1 {"amount": 80} no: - only # the box',
+              "/say 80 € on: their way # null", f"/save {refund}"]
+    out = run_repl(["bots/refunds", "--play-model", "--roles", "customer"], "\n".join(script) + "\n")
+    assert out.returncode == 0, out.stderr
+    assert _saved_texts(refund) == ["Refund: 120 EUR # now - yes", None, "80 € on: their way # null"]
+    assert "reason: 'no: - only # the box'" in refund.read_text()
+    assert _chatrun_test(refund) == (0, ".\n1 passed, 0 failed\n")

@@ -112,6 +112,43 @@ def test_invalid_transcript_diagnostics_name_lines(tmp_path):
     assert any(line.startswith(f"{path}:11:") and "unknown key `extra`" in line for line in lines), lines
 
 
+def test_a_mistyped_role_in_memory_or_sent_is_named_as_a_role_not_a_state_path(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              memory: [{usr: hi}, {assistant: Hello}]
+              sent: [{messages: [{uesr: hi}]}]
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    lines = [d.format() for d in info.value.diagnostics]
+    assert f"{path}:6:17: error: `usr` in `turns[0].expect.memory[0]` is not a role: user, assistant, tool, " \
+           "system or summary" in lines, lines
+    assert any(line.startswith(f"{path}:7:") and "`uesr` in `turns[0].expect.sent[0].messages[0]` is not a role"
+               in line for line in lines), lines
+    assert not any("state path" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("value", ["", "null", "5", "{detail: gone}"])
+def test_an_error_expectation_that_is_neither_true_false_nor_a_matcher_is_refused_at_its_line(tmp_path, value):
+    """`error:` left empty read as null, which no turn ever matched: it failed saying the turn
+    succeeded though an Error was expected, whatever the author meant."""
+    path = hello_transcript(tmp_path, f"""
+        turns:
+          - user: hi
+            model: [{{text: Hello}}]
+            expect:
+              error: {value}
+        """)
+    with pytest.raises(BotError) as info:
+        load_transcript(path)
+    assert [d.format() for d in info.value.diagnostics] == [
+        f"{path}:6:7: error: `turns[0].expect.error` must be true, false or a matcher on the Error text (a string, "
+        "{contains: ..}, {regex: ..}); empty (`error:` alone) says neither"]
+
+
 def test_cli_reports_invalid_transcript_with_file_line(tmp_path):
     path = write(tmp_path / "transcripts" / "bad.yaml", "bot: ..\nturns:\n  - model: [{text: hi}]\n")
     code, out = cli([str(path)])
@@ -371,6 +408,20 @@ def test_discovery_progress_summary_and_exit_codes(travel_copy, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli([str(empty)])[0] == 5
+
+
+def test_chatrun_test_without_paths_runs_the_yml_and_subfolder_transcripts_the_plugin_runs(travel_copy):
+    """`chatrun test` alone globbed bots/*/transcripts/*.yaml: a `.yml` transcript, or one in a
+    subfolder, passed unrun there while `chatrun test bots` and pytest ran it."""
+    folder = travel_copy / "transcripts"
+    failing = "bot: {bot}\nturns:\n  - user: hi\n    model: [{{text: Hello}}]\n    expect: {{route: nowhere}}\n"
+    (folder / "short.yml").write_text(failing.format(bot=".."))
+    (folder / "more").mkdir()
+    (folder / "more" / "nested.yaml").write_text(failing.format(bot="../.."))
+    code, out = cli(["-v"])
+    assert code == 1 and out.splitlines()[-1] == "3 passed, 2 failed", out
+    assert "bots/travel/transcripts/short.yml FAILED" in out and "bots/travel/transcripts/more/nested.yaml FAILED" in out
+    assert cli(["bots"])[1].splitlines()[-1] == "3 passed, 2 failed"  # the same as given the folder
 
 
 def test_exitfirst_and_parallel(travel_copy):
@@ -643,6 +694,44 @@ def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_wh
     assert cli([str(path)])[0] == 0  # valid, and it passes
 
 
+def test_update_leaves_a_transcript_whose_turn_the_bot_fails_as_it_was(travel_copy):
+    """A handler that raises is the bot failing, not a changed reply: --update used to write the
+    Error's text as the turn's `error:` (and over an explicit `error: false`), so the transcript
+    passed with the bug in it."""
+    tools = travel_copy / "travel_tools.py"
+    tools.write_text(tools.read_text().replace('    reservation = dict(ctx.scope["reservation"])\n',
+                                               '    reservation = dict(ctx.scope["reservation"])\n    1 / 0\n', 1))
+    path = travel_copy / "transcripts" / "flight_booking.yaml"
+    said_false = path.read_text().replace("  - user: Business, please\n", "  - user: Business, please\n"
+                                          "    # the booking must go through\n", 1)
+    for text in (path.read_text(), said_false.replace("    expect:\n      route: main_menu\n",
+                                                      "    expect:\n      error: false\n      route: main_menu\n", 1)):
+        path.write_text(text)
+        code, out = cli([str(path), "--update"])
+        assert code == 1, out
+        assert path.read_text() == text  # not one byte written
+        line = text.splitlines().index("  - user: Business, please") + 1
+        assert (f"{path}:{line}: --update left this transcript as it was: turn 3 ends in an Error it does not "
+                "expect (tool book") in out, out
+        assert "ZeroDivisionError" in out and "fix the bot; if the turn should fail, write its `error:`" in out, out
+
+
+def test_update_writes_a_scripted_model_failure_but_never_over_error_false(tmp_path):
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{error: 503}]   # no fallback answers: the turn fails, as scripted
+          - user: hi again
+            model: [{error: 503}]
+            expect: {error: false}  # the author says a fallback must answer it
+        """)
+    code, out = cli([str(path), "--update"])
+    assert code == 1 and f"{path}:5: --update left this transcript as it was: turn 2 ends in an Error" in out, out
+    path.write_text(path.read_text().replace("expect: {error: false}", "expect: {error: true}"))
+    assert cli([str(path), "--update"])[0] == 0
+    assert [t.expect["error"] for t in load_transcript(path).turns][0].startswith("the model failed on route chat")
+
+
 def test_record_against_the_fake_openai_server(tmp_path, monkeypatch):
     path = write(tmp_path / "transcripts" / "rec.yaml", f"""
         bot: {REPO / 'bots' / 'travel'}
@@ -794,6 +883,44 @@ def test_pytest_plugin_collects_and_reports(travel_copy):
     run = subprocess.run([*cmd, "-q", "-n", "2"], capture_output=True, text=True,
                          cwd=travel_copy.parents[1], env=env, timeout=120)
     assert "2 failed, 1 passed" in run.stdout, run.stdout
+
+
+def _transcripts_a_text_test_missed(tmp_path: Path) -> None:
+    """A misspelled `turns:` and two valid transcripts whose `turns` key is not a plain
+    `turns:` line, each expecting a reply the bot does not give, and a YAML file that is not a
+    transcript (no `bot:`): discovery skipped the first three, so they passed unrun."""
+    hello_transcript(tmp_path, "turn:\n  - user: hi\n    model: [{text: Hello}]\n", "misspelled.yaml")
+    hello_transcript(tmp_path, '"turns":\n  - user: hi\n    model: [{text: Hello}]\n'
+                     "    expect: {events: [{Message: Bye}]}\n", "quoted.yaml")
+    bot = os.path.relpath(HELLO, tmp_path / "transcripts")
+    write(tmp_path / "transcripts" / "flow.yaml",
+          f"{{bot: {bot}, turns: [{{user: hi, model: [{{text: Hello}}], expect: {{events: [{{Message: Bye}}]}}}}]}}\n")
+    write(tmp_path / "transcripts" / "notes.yaml", "owner: ana\n")
+
+
+def test_a_transcript_folder_runs_every_transcript_in_it_however_its_turns_key_is_written(tmp_path, monkeypatch):
+    _transcripts_a_text_test_missed(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, out = cli(["transcripts"])
+    assert code == 1, out
+    assert "0 passed, 3 failed" in out, out
+    assert "transcripts/misspelled.yaml:2:1: error: unknown key `turn` at the top level" in out, out
+    assert "turn 1 (transcripts/quoted.yaml:3): events differs" in out, out
+    assert "turn 1 (transcripts/flow.yaml:1): events differs" in out, out
+    assert "notes.yaml" not in out
+
+
+@pytest.mark.subprocess
+def test_pytest_plugin_collects_every_transcript_of_a_transcripts_folder(tmp_path):
+    _transcripts_a_text_test_missed(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    run = subprocess.run([sys.executable, "-m", "pytest", *_plugin_option(), "-p", "no:cacheprovider", "-q",
+                          "transcripts"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.returncode == 1, run.stdout
+    assert "3 failed" in run.stdout and "passed" not in run.stdout, run.stdout
+    assert "transcripts/misspelled.yaml:2:1: error: unknown key `turn` at the top level" in run.stdout
+    assert "turn 1 (transcripts/flow.yaml:1): events differs" in run.stdout, run.stdout
+    assert "notes" not in run.stdout
 
 
 @pytest.mark.subprocess

@@ -5,7 +5,7 @@ entry point is not installed (e.g. running from a source tree via PYTHONPATH) lo
 `-p chatrun.pytest_plugin`; with it installed, `-p` makes pytest fail with
 "Plugin already registered".
 It collects every `*.yaml` / `*.yml` file under a directory named `transcripts` that has a
-top-level `turns:` key, so `pytest bots/` replays the bots' transcripts with pytest's own
+top-level `turns:` key (or `bot:`, or that does not parse: format.looks_like_transcript), so `pytest bots/` replays the bots' transcripts with pytest's own
 reporting and options (-k, -x, -n with pytest-xdist). A failure shows the failing turn's
 file:line and a diff of expected against actual, as `chatrun test` does. Transcripts that
 declare no `roles:` though their bot has role-restricted routes are named once, in the
@@ -31,13 +31,9 @@ ROLES_OFF_PROPERTY = "chatrun_roles_off"
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
     if file_path.suffix not in (".yaml", ".yml") or "transcripts" not in file_path.parent.parts:
         return None
-    from chatrun.transcripts.format import is_transcript_text
+    from chatrun.transcripts.format import looks_like_transcript
 
-    # errors="replace": a transcript that is not UTF-8 is collected, and its item says why it fails.
-    try:
-        if not is_transcript_text(file_path.read_bytes().decode("utf-8", errors="replace")):
-            return None
-    except OSError:
+    if not looks_like_transcript(file_path):  # as `chatrun test DIR` finds them
         return None
     return TranscriptFile.from_parent(parent, path=file_path)
 

@@ -194,14 +194,14 @@ def _run_transcripts(paths: list[str]) -> dict[str, Any]:
 
 
 def _transcripts_in(folder: Path) -> list[Path]:
-    """The transcripts of a folder: its *.yaml files with `turns:` (each checked to be inside the
-    roots before it is read: a file may be a symlink to elsewhere)."""
-    from chatrun.transcripts.format import is_transcript_text
+    """The transcripts of a folder: its *.yaml files discovery runs (format.looks_like_transcript;
+    each checked to be inside the roots before it is read: a file may be a symlink to elsewhere)."""
+    from chatrun.transcripts.format import looks_like_transcript
 
     found = []
     for file in sorted(folder.glob("*.yaml")):
         ROOTS.check(file, "a transcript")
-        if is_transcript_text(file.read_text(encoding="utf-8", errors="replace")):
+        if looks_like_transcript(file):
             found.append(file)
     return found
 

@@ -165,7 +165,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
     """Replay golden transcripts offline and check what each turn did.
 
     PATH is a transcript file or a directory searched for YAML files with `turns:`;
-    without PATH: bots/*/transcripts/*.yaml under the current directory.
+    without PATH: the bots/*/transcripts folders under the current directory.
     Prints a dot per transcript (F: failed, E: invalid), the failures with diffs, and a
     last line `N passed, N failed`.
 
@@ -196,7 +196,7 @@ def test(paths: tuple[str, ...], keyword: str | None, exitfirst: bool, workers: 
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(EXIT_USAGE)
     if not found:
-        where = " ".join(paths) or "bots/*/transcripts/*.yaml"
+        where = " ".join(paths) or "bots/*/transcripts"
         click.echo(f"no transcripts found ({where}{', -k ' + keyword if keyword else ''})")
         if not paths:
             click.echo("(`chatrun examples` lists the example bots, each with its transcripts: "

@@ -451,9 +451,10 @@ def _token_note(key: str, obs: Observed) -> str:
 
 
 # Live runs (`chatrun test --live`): what a real model says differs from run to run; what the
-# bot does with it should not. Compared: route, stack, state, error or not, and the events'
+# bot does with it should not. Compared: route, stack, state, error or not, the trajectory, the
+# humans in the loop (what waits, what was decided, who has the conversation), and the events'
 # types in order, with the data of the events the bot makes itself (not the model's text).
-LIVE_KEYS = ("route", "stack", "state", "error", "path", "calls", *EVENT_KEYS)
+LIVE_KEYS = ("route", "stack", "state", "error", "path", "calls", "pending", "resolved", "taken_over", *EVENT_KEYS)
 MODEL_TEXT_EVENTS = (ev.MESSAGE, ev.THINKING, ev.CONSOLE, ev.ERROR)
 
 

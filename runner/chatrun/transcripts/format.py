@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from chatrun.definition.schemas import Violation, inline_refs, load_schema, properties, violation
-from chatrun.definition.sources import dotted, suggest, wrong_file
+from chatrun.definition.sources import dotted, file_kind, suggest, wrong_file
 from chatrun.definition.yamlpos import YamlDoc, load_yaml
 from chatrun.engine.clock import parse_duration
 from chatrun.errors import BotError, ChatrunError, Diagnostic
@@ -159,7 +159,8 @@ def load_transcript(path: str | Path) -> Transcript:
         diagnostics += schema_diagnostics(doc)
     if doc.data is not None and not diagnostics:
         diagnostics += (regex_diagnostics(doc) + clock_diagnostics(doc) + tokenizer_diagnostics(doc)
-                        + upgrade_diagnostics(doc) + attach_diagnostics(doc) + unruly_diagnostics(doc))
+                        + upgrade_diagnostics(doc) + attach_diagnostics(doc) + unruly_diagnostics(doc)
+                        + refused_diagnostics(doc))
     elif doc.data is None and not diagnostics:
         diagnostics.append(Diagnostic(file, 1, 1, "error", "the transcript is empty; it needs `bot:` and `turns:`"))
     if diagnostics:
@@ -242,6 +243,16 @@ def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
                                   "`upgrade:` needs the transcript's top-level `version:` (the version the "
                                   "conversation starts on)", dotted(("turns", i, "upgrade"))))
     return out
+
+
+def refused_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
+    """`refused:` expects the start to be refused, so no turn runs: `turns:` beside it would pass
+    unrun whatever they expect."""
+    if "refused" not in doc.data or "turns" not in doc.data:
+        return []
+    pos = doc.pos(("turns",))
+    return [Diagnostic(doc.file, pos.line, pos.col, "error", "`turns:` never run after a refused start "
+                       "(`refused:`): remove them, or `refused:` to test a conversation that starts", "turns")]
 
 
 def attach_spec(file: str, item: str | dict[str, Any]) -> AttachSpec:
@@ -438,6 +449,17 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
+def _key_name_message(error: Violation, where: str) -> str:
+    """A mapping's key the schema's `propertyNames` refuses: a role of `memory:` or `sent.messages`
+    (an enum), a state path (`state:`), or a name (`user_memory:`)."""
+    if error.validator == "enum":
+        roles = [str(r) for r in error.validator_value]
+        return f"`{error.instance}` {where} is not a role: {', '.join(roles[:-1])} or {roles[-1]}"
+    if str(error.validator_value).startswith("^(state|scope)"):
+        return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+    return f"`{error.instance}` {where} is not a name: letters, digits and `_`, not starting with a digit"
+
+
 def _message(error: Violation, path: tuple) -> str:
     where = f"in `{dotted(path)}`" if path else "at the top level"
     kind = error.validator
@@ -458,7 +480,8 @@ def _message(error: Violation, path: tuple) -> str:
                 else f"turn {where} needs `user:` (a message), `data:` (structured input) or a third party's step "
                 f"({', '.join(f'`{k}:`' for k in DECISION_KEYS)})")
     if kind == "anyOf" and path and path[-1] == "error":
-        return f"`{dotted(path)}` must be true or a matcher on the Error text (a string, {{contains: ..}}, {{regex: ..}})"
+        return (f"`{dotted(path)}` must be true, false or a matcher on the Error text (a string, {{contains: ..}}, "
+                "{regex: ..}); empty (`error:` alone) says neither")
     if _unruly(error):
         return _unruly_message(error, path)
     if _response(error):
@@ -470,7 +493,7 @@ def _message(error: Violation, path: tuple) -> str:
                 f"({'it says' if one else 'they say'} how the model misbehaves; "
                 "docs/transcripts.md, \"A model that misbehaves\")")
     if "propertyNames" in error.schema_path:
-        return f"`{error.instance}` {where} is not a state path: start it with `state.` or `scope.`"
+        return _key_name_message(error, where)
     if kind == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):
         return (f"`{dotted(path)}` must be text, but YAML read {error.instance!r}; quote it "
                 f"(e.g. \"yes\", \"no\", \"1.0\")")
@@ -483,35 +506,50 @@ def _message(error: Violation, path: tuple) -> str:
 
 # -- discovery -----------------------------------------------------------------------------
 
-DEFAULT_GLOB = "bots/*/transcripts/*.yaml"
-VERSIONS_GLOB = "bots/*/versions/*/transcripts/*.yaml"  # a bot in several versions (docs/versions.md)
+# A bot's transcripts folders (a bot in several versions has one per version, docs/versions.md)
+DEFAULT_FOLDERS = ("bots/*/transcripts", "bots/*/versions/*/transcripts")
 
 
 def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> list[str]:
-    """Transcript files: the given files, the YAML files with `turns:` under given directories,
-    or (no paths) `bots/*/transcripts/*.yaml` and `bots/*/versions/*/transcripts/*.yaml` under
-    `root` (the current directory)."""
+    """Transcript files: the given files, the transcripts under given directories
+    (looks_like_transcript), or (no paths) those under the DEFAULT_FOLDERS of `root` (the current
+    directory), found the same way: `.yml` and subfolders too."""
     root = root or Path.cwd()
     if not paths:
-        return [_rel(p, root) for p in sorted([*root.glob(DEFAULT_GLOB), *root.glob(VERSIONS_GLOB)])]
+        folders = [p for pattern in DEFAULT_FOLDERS for p in root.glob(pattern) if p.is_dir()]
+        return [_rel(p, root) for p in sorted(p for folder in folders for p in transcripts_under(folder))]
     found: list[str] = []
     for given in paths:
         p = Path(given)
-        if p.is_dir():
-            for candidate in sorted([*p.rglob("*.yaml"), *p.rglob("*.yml")]):
-                if _looks_like_transcript(candidate):
-                    found.append(str(candidate))
-        else:
-            found.append(given)
+        found += [str(c) for c in transcripts_under(p)] if p.is_dir() else [given]
     return list(dict.fromkeys(found))
 
 
-def _looks_like_transcript(path: Path) -> bool:
+def transcripts_under(folder: Path) -> list[Path]:
+    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs."""
+    return [c for c in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]) if looks_like_transcript(c)]
+
+
+def looks_like_transcript(path: Path) -> bool:
+    """Whether discovery (`chatrun test DIR`, the pytest plugin) runs a YAML file as a transcript:
+    a top-level `turns:` (or `refused:`) however it is written (quoted, flow style), and, in a
+    folder named `transcripts`, also a file with `bot:` or one that does not parse: a misspelled
+    `turns:` or a syntax error fails there at its line instead of being skipped unrun."""
+    import yaml
+
     # errors="replace": a transcript that is not UTF-8 is still found, and load_transcript says why it fails.
     try:
-        return is_transcript_text(path.read_bytes().decode("utf-8", errors="replace"))
+        text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError:
         return False
+    if is_transcript_text(text):
+        return True
+    in_folder = "transcripts" in path.parent.parts
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return in_folder
+    return file_kind(data) == "transcript" or in_folder and isinstance(data, dict) and "bot" in data
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -88,7 +88,7 @@ def save_transcript(
     header = HEADER.format(schema=schema_reference(path, bot_dir), file=shlex.quote(_run_path(path, bot_dir)))
     path.write_text(header + buf.getvalue(), encoding="utf-8")
     result = run_transcript(str(path))
-    if result.error is None and update_from_result(result):
+    if result.error is None and update_from_result(result, accept_errors=True):
         result = run_transcript(str(path))
     return result
 

@@ -364,13 +364,17 @@ def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     return True
 
 
-def update_from_result(result: Any) -> bool:
+def update_from_result(result: Any, accept_errors: bool = False) -> bool:
     """Rewrite the `expect:` blocks of a transcript from what its run (a run.Result) observed.
-    Returns True when the file changed."""
+    Returns True when the file changed. A turn that ends in an Error it does not expect is the
+    bot failing, not a changed reply: the file is left as it was (ChatrunError at the turn's
+    line), unless `accept_errors` (`/save` writes a conversation as it happened, errors too)."""
     from chatrun.transcripts.expect import updated
 
     if result.transcript is None:
         return False
+    if not accept_errors:
+        refuse_unexpected_error(result)
     changes = {}
     for tr in result.turns:
         if tr.observed is None:
@@ -382,3 +386,20 @@ def update_from_result(result: Any) -> bool:
         return False
     # The expectations just written hold for the counter this run counted with: pin it.
     return pin_tokenizer(result.transcript.file, result.tokenizer) | rewrite_turns(result.transcript.file, changes)
+
+
+def refuse_unexpected_error(result: Any) -> None:
+    """--update never decides that a turn may fail: the first turn ending in an Error it does not
+    expect (no `error:`, or `error: false`) raises, naming its line. A turn without `error:` whose
+    scripted model response fails (`{error: ...}`) is the transcript's own doing: its Error may be
+    written; `error: false` (a fallback must answer it) never is overwritten."""
+    for tr in result.turns:
+        turn, obs, expect = tr.turn, tr.observed, tr.turn.expect or {}
+        if obs is None or obs.error is None or expect.get("error", False) is not False:
+            continue
+        if "error" not in expect and any(isinstance(r, dict) and "error" in r for r in turn.model):
+            continue
+        raise ChatrunError(
+            f"{result.transcript.file}:{turn.line}: --update left this transcript as it was: turn {turn.index} "
+            f"ends in an Error it does not expect ({obs.error}). That is the bot failing, not a changed reply: "
+            "fix the bot; if the turn should fail, write its `error:` (true, or a matcher on the text) yourself")
