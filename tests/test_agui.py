@@ -160,3 +160,53 @@ def test_a_message_over_max_message_chars_is_a_413_and_runs_no_turn(client, fake
                               "message": "messages[0].content of 8001 characters is over the limit of 8000"}
     assert fake.requests == []
     assert text_of(run(client, "r-fits", "x" * 7990)).startswith("You said x")
+
+
+ORDERS = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true}
+routes:
+  main: {default: true, system: You place orders., tools: [place_order]}
+tools:
+  place_order:
+    description: Place the order (charges the customer)
+    parameters: {type: object, properties: {item: {type: string}}, required: [item]}
+    http: {url: "RECEIVER/orders", method: POST, json: {item: "{{ args.item }}"}}
+"""
+
+
+def ordering(body):
+    if body["messages"][-1]["role"] == "tool":
+        return {"text": "Ordered."}
+    return {"tool_calls": [{"name": "place_order", "arguments": {"item": "tea"}}]}
+
+
+def posted(client, run_id, messages):
+    body = {"threadId": "thread-1", "runId": run_id, "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": messages}
+    response = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def test_a_user_message_runs_once_however_many_runs_carry_it(tmp_path, fake):
+    """docs/agui.md, "A message runs once": a front end's regenerate (a new run, the answer dropped)
+    and a history resent after the answer (no new user message) carry the same last user message:
+    each is answered from the committed turn, not run as another turn the user never sent; the
+    same message id with other text (an edit) is refused."""
+    from webhook_support import Receiver
+
+    fake.responder = ordering
+    with Receiver() as receiver:
+        (tmp_path / "bot.yaml").write_text(ORDERS.replace("RECEIVER", receiver.url))
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as c:
+            tea = {"id": "m-1", "role": "user", "content": "tea please"}
+            first = posted(c, "r-1", [tea])
+            regenerated = posted(c, "r-2", [tea])
+            resent = posted(c, "r-3", [tea, {"id": "a-1", "role": "assistant", "content": "Ordered."}])
+            edited = posted(c, "r-4", [dict(tea, content="coffee please")])
+            history = c.get("/bots/shop/sessions/thread-1").json()["history"]
+    assert [entry["turn"] for entry in history] == [1]  # one turn: the message was not run again
+    assert len(receiver.seen()) == 1  # one order
+    assert all("Ordered." in text for text in (first, regenerated, resent))
+    assert "RUN_ERROR" in edited and "an edited message is not run again" in edited

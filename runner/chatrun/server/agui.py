@@ -5,8 +5,9 @@ Server-Sent Events (docs/agui.md).
 - The thread is the session (`threadId`, started at its first run, the caller's own as on
   the HTTP API); the run's input is the last user message of `messages` (the server keeps the
   history: earlier messages are not read again), or the `resume` entry that answers an
-  interrupt. `runId` is the turn's request id: a run sent again is replayed from the committed
-  turn, never run twice.
+  interrupt. The last user message's id is the turn's request id (a `resume` run's: its
+  `runId`): a run sent again, a regenerate, a history resent after the answer is replayed from
+  the committed turn, never run twice; the same id with other text (an edit) is refused.
 - The bot's words stream as TEXT_MESSAGE_START/CONTENT/END; an item the user decides (an
   approval, `confirm:`, a question) ends the run with RUN_FINISHED's `interrupt` outcome
   (the item's id, kind, question, choices and the shape of the answer), and the next run's
@@ -22,6 +23,7 @@ Server-Sent Events (docs/agui.md).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -47,6 +49,7 @@ from chatrun.server.plumbing import (
     read_json_object,
 )
 from chatrun.server.sessions import OPEN
+from chatrun.server.turn_run import MAX_REQUEST_ID, request_asks
 
 if TYPE_CHECKING:
     from chatrun.events import Event
@@ -83,10 +86,10 @@ async def run_agent(bot: str, request: Request, who: Caller, registry: Registry)
     problem = wire.chat_id_problem(run.thread_id)
     if problem:
         raise wire.RequestFailed(wire.BAD_REQUEST, f"threadId must be {problem}")
-    message = _input_of(run, limits_of(request))
+    message, request_id = _input_of(run, limits_of(request))
     registry.bot(bot)  # an unknown bot is a 404 before the stream starts
     encoder = EventEncoder(accept=request.headers.get("accept") or "text/event-stream")
-    turn = DetachedTurn(functools.partial(_run, registry, bot, who, run, message, encoder.encode))
+    turn = DetachedTurn(functools.partial(_run, registry, bot, who, run, message, request_id, encoder.encode))
     return StreamingResponse(_frames(turn), media_type=encoder.get_content_type(),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -96,19 +99,20 @@ async def _frames(turn: DetachedTurn) -> AsyncIterator[str]:
         yield ": keepalive\n\n" if item is KEEPALIVE else item
 
 
-def _input_of(run: Any, limits: wire.ServerLimits) -> Any:
-    """The turn's input: the decision a `resume` entry makes, else the last user message's text
-    (refused over --max-message-chars, as on every door)."""
+def _input_of(run: Any, limits: wire.ServerLimits) -> tuple[Any, str]:
+    """The turn's input and request id: the decision a `resume` entry makes (the run's id), else
+    the last user message's text (refused over --max-message-chars, as on every door) and its
+    message id (`_message_request`)."""
     if run.resume:
         if len(run.resume) > 1:
             raise wire.RequestFailed(wire.BAD_REQUEST, "resume one interrupt per run (chatrun decides one item a turn)")
         entry = run.resume[0]
         if entry.status == "cancelled":
-            return Reject(entry.interrupt_id)
+            return Reject(entry.interrupt_id), f"agui:{run.run_id}"
         payload = entry.payload
         if isinstance(payload, dict) and ({"decision", "answer"} & set(payload)):
-            return decision_of(entry.interrupt_id, payload, None)
-        return Answer(entry.interrupt_id, payload)
+            return decision_of(entry.interrupt_id, payload, None), f"agui:{run.run_id}"
+        return Answer(entry.interrupt_id, payload), f"agui:{run.run_id}"
     for at in reversed(range(len(run.messages))):
         message = run.messages[at]
         if message.role == "user":  # the last one: an earlier one was a turn already
@@ -118,8 +122,17 @@ def _input_of(run: Any, limits: wire.ServerLimits) -> Any:
             too_long = limits.message_too_long(text, f"messages[{at}].content")
             if too_long:
                 raise wire.RequestFailed(wire.TOO_LARGE, too_long)
-            return text
+            return text, _message_request(message.id)
     raise wire.RequestFailed(wire.BAD_REQUEST, "an AG-UI run needs a user message with text, or `resume`")
+
+
+def _message_request(message_id: str) -> str:
+    """The request id of the turn a user message runs: its AG-UI message id, so the message runs
+    once however many runs carry it as their last user message — a run sent again, a front end's
+    "regenerate" (a new run, the answer dropped), a history resent after the answer — each is
+    answered from the committed turn, and a tool's effect is not repeated (docs/agui.md)."""
+    kept = f"agui:m:{message_id}"
+    return kept if len(kept) <= MAX_REQUEST_ID else "agui:m#" + hashlib.sha256(message_id.encode()).hexdigest()
 
 
 def _text(content: Any) -> str:
@@ -129,15 +142,15 @@ def _text(content: Any) -> str:
 
 
 async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: Any, message: Any,
-               encode: Any, emit: Emit) -> None:
+               request_id: str, encode: Any, emit: Emit) -> None:
     from ag_ui.core import RunErrorEvent, RunFinishedEvent, RunStartedEvent
 
     emit(encode(RunStartedEvent(thread_id=run.thread_id, run_id=run.run_id)))
     try:
         async with registry.session(bot, run.thread_id, who, OPEN) as session:
-            turn = registry.turn(session, message, f"agui:{run.run_id}")
+            turn = registry.turn(session, message, request_id, asks=request_asks(message))
             events = _Translator(encode, emit)
-            replay = await turn.is_replay()
+            replay = await _is_replay(turn, request_id)
             unseen, keep = await _unseen(registry, session, run.run_id, replay)
             for event in unseen:
                 events.add(event)
@@ -161,6 +174,20 @@ async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: 
     except Exception as exc:  # a bug: the client still learns the run ended
         log.exception("AG-UI run %s of thread %s failed", run.run_id, run.thread_id)
         emit(encode(RunErrorEvent(message=f"internal server error: {type(exc).__name__}", code=wire.SERVER_ERROR)))
+
+
+async def _is_replay(turn: Any, request_id: str) -> bool:
+    """Whether the run's turn committed already (its message ran: answered from the commit); a
+    message that ran with other text (an edit in the front end) is refused, not run again."""
+    try:
+        replay: bool = await turn.is_replay()
+    except wire.RequestFailed as exc:
+        if exc.reason != wire.KEY_REUSED or not request_id.startswith("agui:m"):
+            raise
+        raise wire.RequestFailed(wire.KEY_REUSED, "this user message (its id) was answered already with other "
+                                 "text: an edited message is not run again (the thread keeps the conversation as it "
+                                 "was); send it as a new message") from None
+    return replay
 
 
 def _seen_key(session: Any) -> str:
