@@ -6,6 +6,8 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots (shot)."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,14 +63,50 @@ def chat_page(base_url: str, width: int = 1280, height: int = 860, locale: str |
         assert not errors, f"JavaScript errors on the page: {errors}"
 
 
-def send(page: Any, text: str) -> None:
+def send(page: Any, text: str, timeout: float = 10_000) -> None:
     """Type a message and wait for its turn to end (the inspector refreshes after every turn,
-    failed ones too, and counts it on the body)."""
+    failed ones too, and counts it on the body); `timeout` in milliseconds."""
     seen = int(page.get_attribute("body", "data-refreshes") or 0)
     page.fill("#input", text)
     page.press("#input", "Enter")
-    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=10_000)
+    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=timeout)
     page.wait_for_selector("#thinking", state="hidden")
+
+
+def open_page(browser: Any, url: str, width: int, height: int = 860) -> tuple[Any, list[str]]:
+    """A new page of `browser` at `url`, ready, and the list its JavaScript errors go to (for a
+    test whose page outlives a server: chat_page makes the browser and the page at once)."""
+    tab = browser.new_page(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.goto(url)
+    tab.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    return tab, errors
+
+
+def send_while_the_model_thinks(tab: Any, fake: Any, text: str) -> None:
+    """Type `text` and send it; return once its turn runs (the fake model was asked), its answer
+    held back 30 seconds so the turn is still running."""
+    fake.queue({"text": "Never sent.", "delay": 30.0})
+    tab.fill("#input", text)
+    tab.press("#input", "Enter")
+    tab.wait_for_selector("#thinking", state="visible")
+    deadline = time.monotonic() + 30
+    while not fake.requests:  # the turn runs: the model was asked
+        assert time.monotonic() < deadline, "the model was never asked"
+        time.sleep(0.05)
+
+
+def restarted_mid_turn(tab: Any, replica: Any, fake: Any) -> None:
+    """kill -9 the replica (a `redis_support.Replica`) mid-turn, so nothing of the turn is
+    committed; once the page shows it offline, forget the fake's held answer and its request
+    (only what follows counts), start the replica again and wait until the page is online."""
+    replica.signal(signal.SIGKILL)
+    replica.proc.wait(timeout=30)
+    tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
+    fake.reset()
+    replica.start()
+    tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=60_000)
 
 
 def shot(page: Any, name: str) -> None:

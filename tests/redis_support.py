@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -136,6 +138,18 @@ class Replica:
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
+
+    @contextmanager
+    def served(self) -> Iterator[Replica]:
+        """The replica (started already, or started here) until the block ends, then stopped as
+        Ctrl-C stops `chatrun serve` (SIGINT: a graceful shutdown)."""
+        if self.proc is None:
+            self.start()
+        try:
+            yield self
+        finally:
+            self.signal(signal.SIGINT)
+            self.proc.wait(timeout=60)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

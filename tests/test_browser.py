@@ -5,12 +5,19 @@ Set CHATRUN_SCREENSHOTS=DIR to keep screenshots of each step."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import chatrun
-from browser_support import BROWSER_MARKS, chat_page, chromium, send, shot
+from browser_support import (
+    BROWSER_MARKS,
+    chat_page,
+    chromium,
+    open_page,
+    restarted_mid_turn,
+    send,
+    send_while_the_model_thinks,
+    shot,
+)
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer, call, free_port, write_travel
 
@@ -294,12 +301,8 @@ def test_a_message_sent_while_the_server_is_away_stays_in_the_box_and_goes_once_
     bot_file = write_travel(tmp_path / "bots")
     port = free_port()
     with chromium() as browser:
-        tab = browser.new_page(viewport={"width": 390, "height": 860})
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
         with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
-            tab.goto(server.url + "/")
-            tab.wait_for_selector("body[data-ready=true]")
+            tab, errors = open_page(browser, server.url + "/", 390)
         tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
         tab.fill("#input", "are you there?")
         tab.press("#input", "Enter")
@@ -324,12 +327,8 @@ def test_a_reply_the_server_committed_as_it_went_away_shows_once_after_the_recon
     bot_file = write_travel(tmp_path / "bots")
     port = free_port()
     with chromium() as browser:
-        tab = browser.new_page(viewport={"width": 390, "height": 860})
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
         with ThreadServer(create_app([chatrun.load_bot(bot_file)], db), port) as server:
-            tab.goto(server.url + "/")
-            tab.wait_for_selector("body[data-ready=true]")
+            tab, errors = open_page(browser, server.url + "/", 390)
             tab.wait_for_function("document.body.dataset.refreshes !== undefined")  # the turn it is at
             fake.queue({"text": "A slow reply.", "delay": 2.0})
             tab.fill("#input", "hello")
@@ -350,33 +349,16 @@ def test_a_turn_the_server_died_in_gives_the_message_back_once_reconnected(fake,
     """kill -9 mid-turn: nothing was committed. Back online, the page says the reply was lost and
     puts the message back in the box (it stayed shown as sent, unanswered, with no error);
     sent again, it goes once and is answered."""
-    import signal
 
     from redis_support import Replica
 
     bot_file = write_travel(tmp_path / "bots")
     replica = Replica(str(bot_file), f"sqlite:///{tmp_path / 'chat.db'}", fake.base_url).start()
-    try:
+    with replica.served():
         with chromium() as browser:
-            tab = browser.new_page(viewport={"width": 390, "height": 860})
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.goto(replica.url + "/")
-            tab.wait_for_selector("body[data-ready=true]", timeout=30_000)
-            fake.queue({"text": "Never sent.", "delay": 30.0})
-            tab.fill("#input", "hello")
-            tab.press("#input", "Enter")
-            tab.wait_for_selector("#thinking", state="visible")
-            deadline = time.monotonic() + 30
-            while not fake.requests:  # the turn runs: the model was asked
-                assert time.monotonic() < deadline, "the model was never asked"
-                time.sleep(0.05)
-            replica.signal(signal.SIGKILL)
-            replica.proc.wait(timeout=30)
-            tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
-            fake.reset()  # the delayed answer's request and queue: only the resend counts below
-            replica.start()
-            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=60_000)
+            tab, errors = open_page(browser, replica.url + "/", 390)
+            send_while_the_model_thinks(tab, fake, "hello")
+            restarted_mid_turn(tab, replica, fake)
             tab.locator("#messages .error", has_text="The connection was lost before the reply").wait_for(timeout=30_000)
             assert tab.input_value("#input") == "hello"
             assert tab.locator(".msg.user").count() == 0  # the server has no such message
@@ -386,9 +368,6 @@ def test_a_turn_the_server_died_in_gives_the_message_back_once_reconnected(fake,
             assert tab.locator(".msg.bot").last.inner_text() == "Hello again."
             assert [r["messages"][-1]["content"] for r in fake.requests] == ["hello"]
             assert not errors, errors
-    finally:
-        replica.signal(signal.SIGINT)
-        replica.proc.wait(timeout=60)
 
 
 def test_the_page_takes_its_token_out_of_the_url_and_keeps_working(fake, tmp_path, bot_path):

@@ -15,7 +15,15 @@ import httpx
 import pytest
 
 import chatrun
-from browser_support import BROWSER_MARKS, chat_page, send, shot
+from browser_support import (
+    BROWSER_MARKS,
+    chat_page,
+    open_page,
+    restarted_mid_turn,
+    send,
+    send_while_the_model_thinks,
+    shot,
+)
 from chatrun.server import create_app
 from server_support import REPO, ThreadServer
 
@@ -211,39 +219,21 @@ def test_a_turn_the_server_died_in_gives_its_files_back_with_the_message(fake, t
     """kill -9 mid-turn, a photo attached: nothing was committed. Back online, the page puts the
     message back in the box and its photo back in the tray (it gave the text back alone, the
     photo gone); sent again, the model gets both."""
-    import signal
-    import time
 
     from browser_support import chromium
     from redis_support import Replica
 
     replica = Replica(str(REPO / "bots" / "claims"), f"sqlite:///{tmp_path / 'chat.db'}", fake.base_url).start()
-    try:
+    with replica.served():
         with chromium() as browser:
-            tab = browser.new_page(viewport={"width": 1280, "height": 860})
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.goto(replica.url + "/")
-            tab.wait_for_selector("body[data-ready=true]", timeout=30_000)
+            tab, errors = open_page(browser, replica.url + "/", 1280)
             with tab.expect_file_chooser() as chooser:
                 tab.click("#attach")
             chooser.value.set_files(str(PHOTO))
             assert tray(tab) == ["attachment image dented-box.png"]
-            fake.queue({"text": "Never sent.", "delay": 30.0})
-            tab.fill("#input", "My parcel arrived like this")
-            tab.press("#input", "Enter")
-            tab.wait_for_selector("#thinking", state="visible")
-            deadline = time.monotonic() + 30
-            while not fake.requests:  # the turn runs: the model was asked
-                assert time.monotonic() < deadline, "the model was never asked"
-                time.sleep(0.05)
+            send_while_the_model_thinks(tab, fake, "My parcel arrived like this")
             assert tray(tab) == []  # sent: the tray emptied
-            replica.signal(signal.SIGKILL)
-            replica.proc.wait(timeout=30)
-            tab.wait_for_function("document.getElementById('status').dataset.state === 'offline'")
-            fake.reset()  # the delayed answer's request and queue: only the resend counts below
-            replica.start()
-            tab.wait_for_function("document.getElementById('status').dataset.state === 'online'", timeout=60_000)
+            restarted_mid_turn(tab, replica, fake)
             tab.locator("#messages .error", has_text="The connection was lost before the reply").wait_for(timeout=30_000)
             assert tab.input_value("#input") == "My parcel arrived like this"
             assert tray(tab) == ["attachment image dented-box.png"]
@@ -255,9 +245,6 @@ def test_a_turn_the_server_died_in_gives_its_files_back_with_the_message(fake, t
             assert len(fake.requests) == 1 and tray(tab) == []
             assert tab.locator(".msg.user").last.locator(".attachment.image").count() == 1
             assert not errors, errors
-    finally:
-        replica.signal(signal.SIGINT)
-        replica.proc.wait(timeout=60)
 
 
 def test_a_turn_that_fails_gives_its_text_and_files_back_with_the_error(server, fake):

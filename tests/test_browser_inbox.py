@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import time
 import urllib.error
 import urllib.request
@@ -52,12 +51,8 @@ def server(fake, tmp_path):
     auth = tmp_path / "auth.yaml"
     auth.write_text(AUTH)
     replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(auth))
-    replica.start()
-    try:
+    with replica.served():
         yield replica.url
-    finally:
-        replica.signal(signal.SIGINT)
-        replica.proc.wait(timeout=60)
 
 
 def post(url: str, path: str, who: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -310,12 +305,8 @@ def german_server(fake, tmp_path):
     auth = tmp_path / "auth.yaml"
     auth.write_text(AUTH)
     replica = Replica(str(bot / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(auth))
-    replica.start()
-    try:
+    with replica.served():
         yield replica.url
-    finally:
-        replica.signal(signal.SIGINT)
-        replica.proc.wait(timeout=60)
 
 
 @pytest.mark.parametrize("width", [390, 1280])

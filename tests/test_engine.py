@@ -578,6 +578,21 @@ routes:
         assert raw.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
 
 
+def test_a_rating_records_the_route_its_turn_ran_on(travel):
+    """Turn 1 ran on main_menu, turn 2 pushed flight: a rating of turn 1 says main_menu (it said
+    flight, where the session was when rated), read back from the history too."""
+    s = travel.session(model=ScriptedModel([{"text": "Hello."},
+                                            {"tool_calls": [{"name": "book_flight", "arguments": {}}]},
+                                            {"text": "Where to?"}]))
+    s.chat("hi")
+    s.chat("book me a flight")
+    assert s.route == "flight"
+    assert s.rate(1, "down")["route"] == "main_menu"
+    s.forget_last_turn()  # from the history, not the kept last turn
+    assert s.rate(2, "up")["route"] == "flight"
+    assert [e["feedback"]["route"] for e in s.history if "feedback" in e] == ["main_menu", "flight"]
+
+
 def test_last_turn_is_the_last_turn_not_a_rating_or_a_notice_after_it(travel):
     """Session.last_turn is the last entry with `turn`: a rating or a notice committed after it
     is an entry of its own (it was history[-1], once the kept copy was forgotten)."""

@@ -79,3 +79,49 @@ def test_a_rating_of_a_turn_that_did_not_run_or_without_a_rating_is_refused(serv
         frames = until_done(ws)
         assert frames[-1]["data"] == "BadRequest" and "Feedback.turn must be" in frames[0]["data"]
     assert client.get("/bots/survey/sessions/s2").json()["history"] == []
+
+
+DESK_BOT = f"""\
+name: desk
+model: {{{OPENAI_MODEL}}}
+routes:
+  main: {{default: true, system: Greet., tools: [to_desk]}}
+  desk: {{system: Help.}}
+tools:
+  to_desk:
+    action: {{route: desk, message: "The desk will help.", immediate: true}}
+"""
+
+
+def desk_responder(body: dict) -> dict:
+    """The fake model: "desk" moves the conversation to the desk route; anything else is greeted."""
+    user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    if user == "desk" and body["messages"][-1]["role"] == "user":
+        return {"tool_calls": [{"name": "to_desk", "arguments": {}}]}
+    return {"text": "Hello."}
+
+
+def test_a_rating_records_the_route_its_turn_ran_on_not_the_one_the_session_moved_to(tmp_path, fake):
+    """Turn 1 ran on `main`; turn 2 moved the conversation to `desk`. A rating of turn 1 given
+    afterwards says `main` (it said `desk`, where the session was when rated), in the reply, the
+    history, the metric and the sink's event alike; a rating of turn 2 says `desk`."""
+    fake.responder = desk_responder
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(DESK_BOT)
+    with TestClient(app_for_testclient([str(bot)], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        client.post("/bots/desk/sessions", json={"id": "s1"})
+        for text in ("hi", "desk"):
+            assert client.post("/bots/desk/sessions/s1/messages", json={"userMessage": text}).json()["ok"] is True
+        assert client.get("/bots/desk/sessions/s1").json()["route"] == "desk"
+
+        first = client.post("/bots/desk/sessions/s1/feedback", json={"turn": 1, "rating": "down"})
+        assert first.status_code == 201, first.text
+        assert first.json() == {"turn": 1, "rating": "down", "route": "main"}
+        second = client.post("/bots/desk/sessions/s1/feedback", json={"turn": 2, "rating": "up"})
+        assert second.json() == {"turn": 2, "rating": "up", "route": "desk"}
+
+        history = client.get("/bots/desk/sessions/s1").json()["history"]
+        assert [e["feedback"]["route"] for e in history if "feedback" in e] == ["main", "desk"]
+        metrics = client.get("/metrics").text
+        assert 'chatrun_feedback_total{bot="desk",rating="down",route="main"} 1.0' in metrics
+        assert 'chatrun_feedback_total{bot="desk",rating="up",route="desk"} 1.0' in metrics

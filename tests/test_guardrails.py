@@ -15,6 +15,7 @@ from chatrun.definition.loader import check_bot
 from chatrun.engine.guardrails import find, iban_valid, luhn, redacted
 from chatrun.models.scripted import ScriptedModel
 from leak_support import card_leaked
+from secret_support import ENCODED, SECRET, basic_bot, basic_handler
 
 CARD = "4111 1111 1111 1111"  # passes Luhn
 NOT_A_CARD = "4111 1111 1111 1112"  # fails it
@@ -590,36 +591,14 @@ def test_a_card_number_as_a_key_of_a_tool_result_or_its_arguments_is_stored_reda
     assert not card_leaked(stored) and b"5555 5555" not in stored and b"ann@example.com" not in stored
 
 
-SECRET = "pa55-w0rd-of-the-service"
-BASIC_BOT = """
-name: basic
-model: {provider: scripted}
-env:
-  API_PASSWORD: {secret: true}
-routes:
-  main: {default: true, system: You help., tools: [call_api]}
-tools:
-  call_api:
-    description: Call the API
-    handler: basic_tools:call_api
-"""
-BASIC_TOOLS = """
-import base64, os
-
-def call_api(ctx):
-    credential = base64.b64encode(("svc:" + os.environ["API_PASSWORD"]).encode()).decode()
-    raise RuntimeError(f"the API refused Authorization: Basic {credential} (password {os.environ['API_PASSWORD']})")
-"""
-
-
 def test_a_secret_in_a_handlers_error_is_kept_redacted_as_written_and_base64_encoded(write_bot, tmp_path, caplog,
                                                                                       monkeypatch):
     """A handler's error echoed the Basic credential it built from a `secret: true` variable: the
     Error's detail, the history (SQLite) and the log kept it, encoded and as written, on a bot
     without guardrails as on any."""
-    import base64
     monkeypatch.setenv("API_PASSWORD", SECRET)
-    bot = chatrun.load_bot(write_bot(BASIC_BOT, extra={"basic_tools.py": BASIC_TOOLS}))
+    bot = chatrun.load_bot(write_bot(basic_bot("basic", "provider: scripted", "basic_tools"),
+                                     extra={"basic_tools.py": basic_handler(fails=True)}))
     store = chatrun.SQLiteStore(str(tmp_path / "s.db"))
     caplog.set_level(logging.DEBUG)
     s = bot.session(store=store, model=ScriptedModel([{"tool_calls": [{"name": "call_api", "arguments": {}}]}]))
@@ -629,6 +608,5 @@ def test_a_secret_in_a_handlers_error_is_kept_redacted_as_written_and_base64_enc
     store.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*")).decode("utf-8", "replace")
     assert "Basic [redacted] (password [redacted])" in history
-    encoded = base64.b64encode(f"svc:{SECRET}".encode()).decode()
     for kept in (history, stored, caplog.text):
-        assert SECRET not in kept and encoded[8:24] not in kept
+        assert SECRET not in kept and ENCODED[8:24] not in kept

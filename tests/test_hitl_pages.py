@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from browser_support import BROWSER_MARKS, chromium, shot
+from browser_support import BROWSER_MARKS, chromium, send, shot
 from hitl_support import SHOP, responder
 from redis_support import Replica
 
 pytestmark = BROWSER_MARKS
 ANA, SAM, OLGA = "ana-token-123", "sam-token-123", "olga-token-123"  # tests/fixtures/hitl_shop/auth.yaml
+TURN_MS = 30_000  # how long a turn may take (send's timeout): the server runs in a subprocess
 
 
 @pytest.fixture
@@ -31,12 +32,8 @@ def server(fake, tmp_path):
     """`chatrun serve` on a free port, its model the fake; yields the base URL."""
     fake.responder = responder
     replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url, "--auth", str(SHOP / "auth.yaml"))
-    replica.start()
-    try:
+    with replica.served():
         yield replica.url
-    finally:
-        replica.signal(signal.SIGINT)
-        replica.proc.wait(timeout=60)
 
 
 class Pages:
@@ -62,15 +59,6 @@ def pages(server):
         assert not p.errors, f"JavaScript errors: {p.errors}"
 
 
-def say(page: Any, text: str) -> None:
-    """Type a message on the chat page and wait for its turn to end."""
-    seen = int(page.get_attribute("body", "data-refreshes") or 0)
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-    page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}", timeout=30_000)
-    page.wait_for_selector("#thinking", state="hidden")
-
-
 def open_waiting(operator: Any, kind: str) -> None:
     """On the operator page: wait for a session waiting with `kind` and open it."""
     row = operator.locator(".op-session", has=operator.locator(f".op-kind.{kind}")).first
@@ -86,7 +74,7 @@ def open_waiting(operator: Any, kind: str) -> None:
 @pytest.mark.parametrize("width", [1280, 390])
 def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, width):
     user = pages.open("/", ANA, width)
-    say(user, "refund A7 80")
+    send(user, "refund A7 80", TURN_MS)
     waiting = user.locator('.pending-card[data-kind="approval"]')
     # the user is told (the default `tell`), never the supervisor's question
     assert waiting.locator(".pending-ask").inner_text() == "Your request is waiting for approval."
@@ -133,7 +121,7 @@ def test_the_operator_edits_and_approves_a_refund_the_user_waits_for(pages, widt
 @pytest.mark.parametrize("width", [1280, 390])
 def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages, width):
     user = pages.open("/", ANA, width)
-    say(user, "refund A8 90")
+    send(user, "refund A8 90", TURN_MS)
     operator = pages.open("/operator", SAM, width)
     operator.select_option("#kind-filter", "approval")
     open_waiting(operator, "approval")
@@ -156,7 +144,7 @@ def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages
     assert "rejected p1" in operator.locator("#op-history").inner_text()
     shot(user, f"hitl-user-rejected-by-operator-{width}")
 
-    say(user, "cancel B3")  # the user's own approval: the card's No button
+    send(user, "cancel B3", TURN_MS)  # the user's own approval: the card's No button
     mine = user.locator('.pending-card[data-kind="approval"]').last
     mine.locator("button.reject").click()
     mine.locator(".pending-status", has_text="No").wait_for(timeout=30_000)
@@ -172,7 +160,7 @@ def test_the_operator_rejects_a_refund_and_the_user_rejects_their_own_call(pages
 @pytest.mark.parametrize("width", [1280, 390])
 def test_a_takeover_round_trip(pages, width):
     user = pages.open("/", ANA, width)
-    say(user, "human")
+    send(user, "human", TURN_MS)
     assert user.locator(".msg.bot").last.inner_text() == "Connecting you with a colleague."
     assert user.locator("#takeover-banner").is_hidden()
 
@@ -192,7 +180,7 @@ def test_a_takeover_round_trip(pages, width):
     assert "Hi, I am Sam. How can I help?" in spoken.inner_text()
 
     operator.fill("#operator-input", "Let me check")  # a draft, while the user writes
-    say(user, "my parcel is late")
+    send(user, "my parcel is late", TURN_MS)
     # The bot stays silent: its one reply, and the line saying who joined (issue 35).
     assert user.locator(".msg.bot:not(.operator)", has_not_text="sam joined the conversation").count() == 1
     operator.locator("#op-history", has_text="my parcel is late").wait_for(timeout=30_000)
@@ -204,7 +192,7 @@ def test_a_takeover_round_trip(pages, width):
     operator.click("#release")
     banner.wait_for(state="hidden", timeout=30_000)
     operator.wait_for_selector("#take-over", timeout=30_000)
-    say(user, "hello again")
+    send(user, "hello again", TURN_MS)
     assert user.locator(".msg.bot").last.inner_text() == "You said hello again."
 
 
@@ -213,7 +201,7 @@ def test_a_second_operator_sees_who_holds_the_conversation(pages, width):
     """Sam holds the conversation: Olga's console names him, offers her no composer nor Release
     (the server would refuse them: 409 HeldByAnother), and once he releases it she may take it."""
     user = pages.open("/", ANA, width)
-    say(user, "human")
+    send(user, "human", TURN_MS)
     sam = pages.open("/operator", SAM, width)
     open_waiting(sam, "takeover")
     sam.click("#take-over")
@@ -248,7 +236,7 @@ def test_the_inbox_lists_a_conversation_taken_with_no_one_signed_in(fake, tmp_pa
         with chromium() as browser:
             p = Pages(browser, replica.url)
             user = p.open("/", "", 390)
-            say(user, "human")
+            send(user, "human", TURN_MS)
             operator = p.open("/operator", "", 390)
             open_waiting(operator, "takeover")
             operator.click("#take-over")
@@ -275,7 +263,7 @@ def test_the_inbox_lists_a_conversation_taken_with_no_one_signed_in(fake, tmp_pa
 @pytest.mark.parametrize("width", [1280, 390])
 def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
     user = pages.open("/", ANA, width)
-    say(user, "delivery")
+    send(user, "delivery", TURN_MS)
     card = user.locator('.pending-card[data-kind="question"]')
     assert card.locator(".pending-ask").inner_text() == "Where and when should we deliver?"
     labels = card.locator(".pf-label").all_inner_texts()
@@ -303,7 +291,7 @@ def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
         "Answered by ana: Street Main St 1 · Floor 2 · Time slot afternoon · Ring the bell yes")
     assert answered.locator("input, select, button").count() == 0
 
-    say(user, "size")
+    send(user, "size", TURN_MS)
     sizes = user.locator('.pending-card[data-kind="question"]').last
     assert sizes.locator("button.choice").all_inner_texts() == ["Small", "Large"]
     sizes.locator("button.choice", has_text="Large").click()
@@ -314,7 +302,7 @@ def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
                               "size": "L"}
     shot(user, f"hitl-user-answered-{width}")
 
-    say(user, "cancel B2")  # the user's own approval is their confirmation: Yes/No, no form (nothing is editable)
+    send(user, "cancel B2", TURN_MS)  # the user's own approval is their confirmation: Yes/No, no form (nothing is editable)
     mine = user.locator('.pending-card[data-kind="approval"]')
     assert mine.locator("button").all_inner_texts() == ["Yes", "No"]
     assert mine.locator(".pf-field").count() == 0
@@ -327,7 +315,7 @@ def test_the_user_answers_a_form_picks_a_choice_and_approves(pages, width):
 
 def test_the_operator_answers_a_question_the_user_waits_for(pages):
     user = pages.open("/", ANA)
-    say(user, "check")
+    send(user, "check", TURN_MS)
     waiting = user.locator('.pending-card[data-kind="question"]')
     assert waiting.locator(".pending-status").inner_text() == "Waiting for an answer…"
     assert waiting.locator("input, select, button").count() == 0

@@ -652,6 +652,21 @@ def test_the_listeners_408_and_503_on_v1_have_openai_shape(travel):
             sock.close()
 
 
+def test_serve_help_says_allow_origin_also_opens_the_http_api_to_that_origin():
+    """--allow-origin answers an allowed site's fetch calls with CORS headers (docs/protocol.md,
+    "Origin, Host and content type"): its help says so, not only the WebSocket and POSTs."""
+    import click
+    from click.testing import CliRunner
+
+    from chatrun.cli import main
+
+    serve = main.get_command(click.Context(main), "serve")
+    [option] = [p for p in serve.params if p.name == "allow_origin"]
+    assert "HTTP API" in str(option.help) and "(CORS)" in str(option.help)
+    help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "(CORS)" in help_text
+
+
 def test_serve_binds_loopback_by_default_and_warns_when_exposed_without_auth(tmp_path):
     from click.testing import CliRunner
 

@@ -5,41 +5,21 @@ returns what its API echoed, the OpenTelemetry SDK's in-memory exporter."""
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
 
 import chatrun
+from secret_support import ENCODED, SECRET, basic_bot, basic_handler
 
 pytest.importorskip("opentelemetry.trace", reason="opentelemetry is not installed (pip install 'chatrun[otel]')")
-
-SECRET = "pa55-w0rd-of-the-service"
-BOT = """
-name: echo
-model: {provider: openai, name: gpt-4o-mini}
-env:
-  API_PASSWORD: {secret: true}
-routes:
-  main: {default: true, system: You help., tools: [call_api]}
-tools:
-  call_api:
-    description: Call the API
-    handler: echo_tools:call_api
-"""
-TOOLS = """
-import base64, os
-
-def call_api(ctx):
-    credential = base64.b64encode(("svc:" + os.environ["API_PASSWORD"]).encode()).decode()
-    return f"the API echoed Authorization: Basic {credential} (password {os.environ['API_PASSWORD']})"
-"""
 
 
 def test_captured_model_content_keeps_no_secret_on_a_bot_without_guardrails(fake, spans, write_bot, monkeypatch):
     monkeypatch.setenv("API_PASSWORD", SECRET)
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
-    bot = chatrun.load_bot(write_bot(BOT, extra={"echo_tools.py": TOOLS}))
+    bot = chatrun.load_bot(write_bot(basic_bot("echo", "provider: openai, name: gpt-4o-mini", "echo_tools"),
+                                     extra={"echo_tools.py": basic_handler(fails=False)}))
     assert not bot.config.guardrails
     fake.queue({"tool_calls": [{"name": "call_api", "arguments": {}}]}, {"text": "The API answered."})
     session = bot.session()
@@ -51,5 +31,4 @@ def test_captured_model_content_keeps_no_secret_on_a_bot_without_guardrails(fake
     chats = [s for s in spans.get_finished_spans() if s.name == "chat gpt-4o-mini"]
     assert len(chats) == 2 and "(password [redacted])" in chats[1].attributes["gen_ai.input.messages"]
     recorded = json.dumps([dict(s.attributes or {}) for s in spans.get_finished_spans()])
-    encoded = base64.b64encode(f"svc:{SECRET}".encode()).decode()
-    assert SECRET not in recorded and encoded[8:24] not in recorded
+    assert SECRET not in recorded and ENCODED[8:24] not in recorded

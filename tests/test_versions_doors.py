@@ -13,18 +13,11 @@ from fastapi.testclient import TestClient
 import chatrun
 from server_support import app_for_testclient as create_app
 from server_support import until_done
-from test_versions_pending import ANA, AUTH, SUE, V1, responder
+from test_versions_pending import ANA, AUTH, SUE, V1, V2, responder
+from versions_support import write_versions
 
 BUNDLE_KEY = "a-bundle-key-the-replicas-share-0123"  # both apps: what one publishes, the other loads
-V2_PINNED = """\
-name: refunds
-version: "2"
-on_change: pin
-model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
-state: {n: 0}
-routes:
-  main: {default: true, system: Hi again.}
-"""
+V2_PINNED = V2.replace("on_change: restart_scope", "on_change: pin")  # the pending tests' version 2, pinned
 
 
 @pytest.fixture
@@ -32,10 +25,7 @@ def layout(tmp_path: Path, fake, monkeypatch) -> tuple[Path, str, str]:
     """(the bot's folder with versions 1 and 2, the store, the auth file)."""
     fake.responder = responder
     monkeypatch.setenv("CHATRUN_BUNDLE_KEY", BUNDLE_KEY)
-    root = tmp_path / "refunds"
-    for label, text in (("1", V1), ("2", V2_PINNED)):
-        (root / "versions" / label).mkdir(parents=True)
-        (root / "versions" / label / "bot.yaml").write_text(text)
+    root = write_versions(tmp_path / "refunds", {"1": V1, "2": V2_PINNED})
     (tmp_path / "auth.yaml").write_text(AUTH)
     return root, f"sqlite:///{tmp_path / 's.db'}", str(tmp_path / "auth.yaml")
 

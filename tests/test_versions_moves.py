@@ -19,6 +19,7 @@ from test_versions import (
     shop_responder,
     start_v1_sessions,
 )
+from versions_support import started_on_version_1, write_versions
 
 
 def test_a_rating_between_turns_does_not_commit_half_a_move(fake, tmp_path):
@@ -112,15 +113,11 @@ def test_an_approval_whose_tools_arguments_a_migration_maps_runs_with_the_mapped
     (tests/test_versions_pending.py), and its arguments are mapped as the calls in memories are,
     so the approved call is one of version 2's tool."""
     fake.responder = refunds_responder
-    for label, text in (("1", REFUNDS_V1), ("2", REFUNDS_V2)):
-        (tmp_path / "refunds" / "versions" / label).mkdir(parents=True)
-        (tmp_path / "refunds" / "versions" / label / "bot.yaml").write_text(text)
+    root = write_versions(tmp_path / "refunds", {"1": REFUNDS_V1, "2": REFUNDS_V2})
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
-    with TestClient(create_app(str(tmp_path / "refunds" / "versions" / "1"), store)) as v1:
-        assert v1.post("/bots/refunds/sessions", json={"id": "s"}).status_code == 201
-        asked = v1.post("/bots/refunds/sessions/s/messages", json={"userMessage": "refund A7"}).json()
-        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
-    with TestClient(create_app(str(tmp_path / "refunds"), store)) as both:
+    asked = started_on_version_1(root, "refunds", store, "refund A7")
+    assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
+    with TestClient(create_app(str(root), store)) as both:
         pending = both.get("/bots/refunds/sessions/s/pending").json()["pending"]
         assert [(p["tool"], p["args"]) for p in pending] == [("give_refund", {"order_id": "A7", "reason": "none given"})]
         decided = both.post("/bots/refunds/sessions/s/pending/p1", json={"decision": "approve"})
@@ -160,15 +157,11 @@ def test_an_approved_call_whose_arguments_the_new_version_refuses_is_refused_not
     decision's turn failed at every try (the action read arguments that were not there), and the
     item waited forever; now the model reads why the call was not run, as for any invalid call."""
     fake.responder = refunds_responder
-    for label, text in (("1", REFUNDS_V1), ("2", REFUNDS_V2.replace(
-            "    arguments: {give_refund: {rename: {order: order_id}, default: {reason: none given}}}\n", ""))):
-        (tmp_path / "refunds" / "versions" / label).mkdir(parents=True)
-        (tmp_path / "refunds" / "versions" / label / "bot.yaml").write_text(text)
+    root = write_versions(tmp_path / "refunds", {"1": REFUNDS_V1, "2": REFUNDS_V2.replace(
+        "    arguments: {give_refund: {rename: {order: order_id}, default: {reason: none given}}}\n", "")})
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
-    with TestClient(create_app(str(tmp_path / "refunds" / "versions" / "1"), store)) as v1:
-        assert v1.post("/bots/refunds/sessions", json={"id": "s"}).status_code == 201
-        assert v1.post("/bots/refunds/sessions/s/messages", json={"userMessage": "refund A7"}).json()["ok"]
-    with TestClient(create_app(str(tmp_path / "refunds"), store)) as both:
+    assert started_on_version_1(root, "refunds", store, "refund A7")["ok"]
+    with TestClient(create_app(str(root), store)) as both:
         decided = both.post("/bots/refunds/sessions/s/pending/p1", json={"decision": "approve"})
         assert decided.status_code == 200 and decided.json()["ok"] is True, decided.text
         assert not [e for e in decided.json()["events"] if e["type"] == "Error"], decided.text
@@ -250,15 +243,11 @@ def test_a_question_whose_tool_no_longer_asks_is_withdrawn_by_the_move(fake, tmp
     AssertionError) and the question waited forever."""
     fake.responder = lambda body: ({"text": "Done."} if body["messages"][-1]["role"] == "tool"
                                    else {"tool_calls": [{"name": "pick_colour", "arguments": {}}]})
-    for label, text in (("1", COLOURS_V1), ("2", COLOURS_V2)):
-        (tmp_path / "colours" / "versions" / label).mkdir(parents=True)
-        (tmp_path / "colours" / "versions" / label / "bot.yaml").write_text(text)
+    root = write_versions(tmp_path / "colours", {"1": COLOURS_V1, "2": COLOURS_V2})
     store = f"sqlite:///{tmp_path / 'sessions.db'}"
-    with TestClient(create_app(str(tmp_path / "colours" / "versions" / "1"), store)) as v1:
-        assert v1.post("/bots/colours/sessions", json={"id": "s"}).status_code == 201
-        asked = v1.post("/bots/colours/sessions/s/messages", json={"userMessage": "a colour"}).json()
-        assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
-    with TestClient(create_app(str(tmp_path / "colours"), store)) as both:
+    asked = started_on_version_1(root, "colours", store, "a colour")
+    assert [e["data"]["id"] for e in asked["events"] if e["type"] == "Pending"] == ["p1"], asked
+    with TestClient(create_app(str(root), store)) as both:
         answered = both.post("/bots/colours/sessions/s/pending/p1", json={"answer": "blue"})
         assert answered.status_code == 409, answered.text
         assert answered.json()["error"] == "NotPending" and "withdrawn" in answered.json()["message"]

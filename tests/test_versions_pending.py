@@ -16,6 +16,7 @@ import pytest
 
 from chatrun.testing.fake_openai import FakeOpenAI
 from redis_support import Replica
+from versions_support import write_versions
 
 pytestmark = pytest.mark.subprocess
 
@@ -93,9 +94,8 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
 def asked_on_version_1(tmp_path: Path, v2: str, fake: FakeOpenAI, http: httpx.Client) -> tuple[str, str]:
     """The session `s` waiting on approval p1 (on version 1, a replica that serves only it, then
     killed); the (store, auth) a replica serving versions 1 and `v2` then opens it with."""
-    for folder, text in (("old/versions/1", V1), ("new/versions/1", V1), ("new/versions/2", v2)):
-        (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / "bot.yaml").write_text(text)
+    write_versions(tmp_path / "old", {"1": V1})
+    write_versions(tmp_path / "new", {"1": V1, "2": v2})
     (tmp_path / "auth.yaml").write_text(AUTH)
     store, auth = f"sqlite:///{tmp_path / 's.db'}", str(tmp_path / "auth.yaml")
     old = Replica(str(tmp_path / "old"), store, fake.base_url, "--auth", auth).start()

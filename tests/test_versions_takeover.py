@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server_support import app_for_testclient as create_app
+from versions_support import write_versions
 
 VERSION = """\
 name: desk
@@ -40,10 +41,8 @@ FLO = {"Authorization": "Bearer flo-token-123"}  # version 2's (the primary's) h
 def replica(tmp_path: Path, fake) -> Callable[[], TestClient]:
     """Makes an app on the bot's folder and one store (a new one: a replica that loads the session)."""
     fake.responder = lambda body: {"text": f"Noted: {body['messages'][-1]['content']}"}
-    root = tmp_path / "desk"
-    for label, role in (("1", "desk_v1"), ("2", "floor_v2")):
-        (root / "versions" / label).mkdir(parents=True)
-        (root / "versions" / label / "bot.yaml").write_text(VERSION.format(label=label, role=role))
+    root = write_versions(tmp_path / "desk", {label: VERSION.format(label=label, role=role)
+                                              for label, role in (("1", "desk_v1"), ("2", "floor_v2"))})
     (tmp_path / "auth.yaml").write_text(AUTH)
     return lambda: TestClient(create_app(str(root), f"sqlite:///{tmp_path / 's.db'}", auth=str(tmp_path / "auth.yaml")))
 

@@ -214,7 +214,8 @@ def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
               "answer them at once without running the bot, run them as turns, or refuse them (400).")
 @click.option("--allow-origin", multiple=True, metavar="ORIGIN", callback=lambda _c, _p, v: _origins(v),
               help="Browser origin (scheme://host[:port]) allowed to open the WebSocket or POST, besides "
-              "the server's own page; repeatable; '*' allows any.")
+              "the server's own page; it also opens the HTTP API to that origin (CORS): its pages may call "
+              "it with fetch and read the answers. Repeatable; '*' allows any.")
 @click.option("--allow-host", multiple=True, metavar="NAME",
               help="Host name clients may reach the server by (DNS-rebinding guard); repeatable; '*' allows any. "
               "Default: localhost, 127.0.0.1, ::1 and --host.")

@@ -67,7 +67,7 @@ from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage,
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
-from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered, turns_of
+from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered, route_of_turn, turns_of
 
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
@@ -486,21 +486,22 @@ class Session:
         return self._last_entry
 
     def rate(self, turn: int, rating: str, comment: str | None = None,
-             by: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             by: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Keep a user's rating of a turn's reply ("up" or "down", an optional comment) in the
         history, as an entry of its own beside the turn's (`{"feedback": {...}, "at"}`: no
         `turn`, so no reader takes it for a turn); the bot's sinks that take `Feedback` events get
         it once it is committed, as a backend event. A later rating of the same turn supersedes
-        the earlier one (the newest entry counts). Between turns only. SessionError for a turn
-        that did not run."""
+        the earlier one (the newest entry counts). Its `route` is the one the rated turn ran on
+        (`_route_of`). Between turns only. SessionError for a turn that did not run."""
         if self._running:
             raise SessionError(f"session {self.id} is running a turn; rate a turn between turns")
         if not 1 <= turn <= self.turn_count:
             ran = f"its turns are 1 to {self.turn_count}" if self.turn_count else "no turn has run yet"
             raise SessionError(f"session {self.id} has no turn {turn} to rate ({ran})")
-        data: dict[str, Any] = {"turn": turn, "rating": rating, "route": self.route}
+        route = self._route_of(turn, history)
+        data: dict[str, Any] = {"turn": turn, "rating": rating, "route": route}
         if comment:  # the user's words, kept in the history and the outbox: the `storage` guards apply
-            data["comment"] = guardrails.kept_text(self.bot.config, [self.route], comment)
+            data["comment"] = guardrails.kept_text(self.bot.config, [route], comment)
         if by is not None:
             data["by"] = by.get("name")
         event = Event(ev.FEEDBACK, data, turn, audience=ev.BACKEND)
@@ -510,6 +511,16 @@ class Session:
         with self._as_stored() as stored:
             self.store.commit_turn(self.id, stored(), {}, [entry])
         return data
+
+    def _route_of(self, turn: int, history: list[dict[str, Any]] | None) -> str:
+        """The route committed turn `turn` ran on, from its history entry: in `history` (a server
+        reads it from its store: the session's buffer keeps none), else the kept last turn's or
+        the store's. The route the conversation is on when no history holds the turn any more."""
+        if history is None:
+            last = self._last_entry
+            history = [last] if last is not None and last.get("turn") == turn and last.get("ok") \
+                else self.history if isinstance(self.store, HistoryStore) else []
+        return route_of_turn(history, turn) or self.route
 
     def notice(self, text: str, why: str) -> None:
         """Tell the session's user `text` where they are (a channel's chat: `meta.reply_to`) with

@@ -76,7 +76,7 @@ class ServerMetrics:
                                             "refused to load, by reason (no_key, unsigned, bad_signature, "
                                             "too_large, starts_program)", ["bot", "reason"], registry=reg)
         self.feedback = prom.Counter("chatrun_feedback", "Ratings of bot replies by their users (thumbs up/down), "
-                                     "by the route the conversation was on when rated", ["bot", "route", "rating"], registry=reg)
+                                     "by the route the rated turn ran on", ["bot", "route", "rating"], registry=reg)
         self.outcomes = prom.Counter("chatrun_outcomes", "Conversations' outcomes as the bot's `outcomes:` name them, "
                                      "each counted once, when recorded", ["bot", "outcome", "version"], registry=reg)
         self.tool_calls = prom.Counter("chatrun_tool_calls", "Tool calls run", ["bot", "tool"], registry=reg)

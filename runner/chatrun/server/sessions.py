@@ -285,7 +285,7 @@ class SessionRegistry:
         async with self.session(bot_name, session_id, principal, EXISTING) as session:
             try:
                 data = session.rate(feedback["turn"], feedback["rating"], feedback.get("comment"),
-                                    template_principal(principal))
+                                    template_principal(principal), await self.history(session))
             except SessionError as exc:
                 raise wire.RequestFailed(wire.BAD_REQUEST, str(exc)) from None
             hold = self._hold_of(session)

@@ -88,6 +88,16 @@ def turns_of(history: list[JSONObject]) -> list[JSONObject]:
     return [entry for entry in history if "turn" in entry]
 
 
+def route_of_turn(history: list[JSONObject], turn: int) -> str | None:
+    """The route committed turn `turn` ran on: its history entry's `route` (where it ended, the
+    route whose reply the user saw), or None when `history` does not hold it. A failed attempt
+    at the same number is not the turn (it has `ok` false)."""
+    for entry in reversed(history):
+        if entry.get("turn") == turn and entry.get("ok") and isinstance(entry.get("route"), str):
+            return str(entry["route"])
+    return None
+
+
 def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
     """What the snapshot records of a turn committed with history `entry`."""
     return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
