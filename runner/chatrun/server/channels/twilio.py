@@ -117,7 +117,7 @@ class Twilio(ChannelKind):
         digest of its CallSid, From and To, as the signed webhook gave them: the number is not in
         the URL) and the HMAC-SHA256 of all three, keyed with a key derived from the auth token."""
         expires = int((now if now is not None else time.time()) + RELAY_TTL)
-        bound = self._mac("chatrun relay caller", call.call_sid, call.caller, call.to)[:32]
+        bound = self._binding(call)
         return f"{call.call_sid}.{expires}.{bound}.{self._mac('chatrun relay', call.call_sid, str(expires), bound)}"
 
     def check_relay_token(self, token: str, now: float | None = None) -> RelayGrant:
@@ -139,15 +139,22 @@ class Twilio(ChannelKind):
         call = CallOf(str(setup.get("callSid") or ""), str(setup.get("from") or ""), str(setup.get("to") or ""))
         if call.call_sid != grant.call_sid:
             raise Unauthorized(f"twilio: the relay token is for call {grant.call_sid}, the setup names another call")
-        bound = self._mac("chatrun relay caller", call.call_sid, call.caller, call.to)[:32]
-        if not hmac.compare_digest(bound.encode(), grant.bound.encode()):
+        if not hmac.compare_digest(self._binding(call).encode(), grant.bound.encode()):
             raise Unauthorized(f"twilio: the setup of call {grant.call_sid} names another caller or number than its "
                                "signed voice webhook (From, To): a relay token used by someone else?")
         return call
 
+    def _binding(self, call: CallOf) -> str:
+        """The digest binding a relay token to its call's CallSid, From and To (keyed: a phone
+        number's few digits cannot be tried against it without the auth token)."""
+        return self._mac("chatrun relay caller", call.call_sid, call.caller, call.to)[:32]
+
     def _mac(self, purpose: str, *fields: str) -> str:
+        """HMAC-SHA256 of the bot and `fields` (as a JSON list: no two lists of fields alike),
+        keyed with a key derived from the auth token for `purpose` (so a token never reveals it)."""
         key = hmac.new(self.secret("auth_token").encode(), purpose.encode(), hashlib.sha256).digest()
-        return hmac.new(key, "\0".join((self.bot.name, *fields)).encode(), hashlib.sha256).hexdigest()
+        message = json.dumps([self.bot.name, *fields]).encode()  # (ASCII: any text encodes)
+        return hmac.new(key, message, hashlib.sha256).hexdigest()
 
     def public_base(self, request_base: str) -> str:
         """The server's public URL (the `public_url` option, else the request's own)."""
