@@ -148,6 +148,63 @@ def test_the_twiml_connects_the_call_to_a_signed_relay_and_only_that_call_may_op
     assert fake.requests == []
 
 
+def refused_setup(client, path, message) -> int:
+    """The close code of a relay socket whose setup is `message` (its prompt never runs)."""
+    from starlette.websockets import WebSocketDisconnect
+    with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect(path) as ws:
+        ws.send_json(message)
+        ws.send_json(prompt("What are my booked tickets?"))
+        ws.receive_json()
+    return closed.value.code
+
+
+def test_a_relay_token_does_not_let_its_holder_choose_the_caller(client, fake, caplog):
+    """The principal came from the relay's `setup`, which nobody signs: whoever held a call's
+    relay URL (it sits in a URL: proxies and logs see it) could open the socket naming any number
+    and be that principal (its sessions, remembered facts, limits and roles). The token binds the
+    From and To of the signed voice webhook: a setup naming another caller, or another number
+    called, is refused and nothing runs; the genuine setup still opens the call as its caller."""
+    path = relay_path(client)
+    store = client.app.state.registry.store
+    victim = "+14155550999"
+    with caplog.at_level("WARNING", logger="chatrun.channels"):
+        assert refused_setup(client, path, {**setup(), "from": victim}) == 1008
+        assert refused_setup(client, path, {**setup(), "to": "+18005550111"}) == 1008
+        assert refused_setup(client, path, {k: v for k, v in setup().items() if k != "from"}) == 1008
+    refusals = [r.getMessage() for r in caplog.records if "refused the relay socket" in r.getMessage()]
+    assert len(refusals) == 3 and all("call CA0001" in line and "another caller" in line for line in refusals)
+    assert victim not in "".join(refusals)  # (a number the socket claimed is not logged)
+    assert fake.requests == []
+    assert client.portal.call(store.sessions_of, f"twilio:{victim}") == []
+    assert client.portal.call(store.load_session, session_id_for("phone", "twilio", "CA0001")) is None
+    fake.queue({"text": "None yet."})
+    with client.websocket_connect(path) as ws:  # Twilio's own setup: the caller the webhook signed
+        ws.send_json(setup())
+        ws.send_json(prompt("What are my booked tickets?"))
+        assert "".join(reply(ws)[0]) == "None yet."
+    assert fake.requests[0]["messages"][0]["content"] == f"You sell tickets to twilio:{CALLER}."
+
+
+def test_a_relay_token_for_one_call_does_not_open_another(client, fake, caplog):
+    """Call A's token with call B's setup (B answered too, B's caller named) is refused: B's
+    session is not made, nor A's; B's own token opens B."""
+    path_a = relay_path(client, "CA0001")
+    path_b = relay_path(client, "CA0002")
+    with caplog.at_level("WARNING", logger="chatrun.channels"):
+        assert refused_setup(client, path_a, setup("CA0002")) == 1008
+    assert any("call CA0001: refused the relay socket" in r.getMessage() and "names another call" in r.getMessage()
+               for r in caplog.records)
+    store = client.app.state.registry.store
+    for call_sid in ("CA0001", "CA0002"):
+        assert client.portal.call(store.load_session, session_id_for("phone", "twilio", call_sid)) is None
+    assert fake.requests == []
+    fake.queue({"text": "Hello B."})
+    with client.websocket_connect(path_b) as ws:
+        ws.send_json(setup("CA0002"))
+        ws.send_json(prompt("Hello?"))
+        assert "".join(reply(ws)[0]) == "Hello B."
+
+
 def test_a_call_with_two_prompts_gets_streamed_tokens_as_its_caller(client, fake):
     fake.queue({"chunks": ["Two ", "tickets ", "left."]}, {"chunks": ["Yes, ", "tonight."]})
     with client.websocket_connect(relay_path(client)) as ws:

@@ -5,7 +5,9 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters, keyed with
    the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
    connects the call to the relay socket, whose URL carries a token chatrun signed for this
-   call (`relay_token`): only the call Twilio announced may open a socket. The first webhook
+   call (`relay_token`): only the call Twilio announced may open a socket, and its `setup`
+   (unsigned) must name the CallSid, From and To the signed webhook gave, so whoever holds the
+   token cannot choose the caller, hence the principal (`check_setup`). The first webhook
    claims the CallSid in the store: the same webhook posted again (a captured one replayed)
    gets 409 and no token, whenever it comes (store/replays.py: CALL_CLAIM_AGE).
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
@@ -73,6 +75,24 @@ POLICY_VIOLATION = 1008  # the WebSocket close code of a socket that is not the 
 NOTE = "(The caller "  # an interrupt's note starts so, on a line of its own before the caller's words
 
 
+@dataclass(frozen=True)
+class CallOf:
+    """A call as the signed voice webhook names it: its CallSid, the caller's number (From: the
+    principal `twilio:<From>`) and the number called (To)."""
+
+    call_sid: str
+    caller: str
+    to: str
+
+
+@dataclass(frozen=True)
+class RelayGrant:
+    """What a relay token was signed for: the call, and the digest binding its caller (`check_setup`)."""
+
+    call_sid: str
+    bound: str
+
+
 class Twilio(ChannelKind):
     """A Twilio number. Its webhook and socket are routes of their own (make_twilio_router), not
     the shared webhook: the reply streams down the live call instead of through the outbox."""
@@ -92,27 +112,48 @@ class Twilio(ChannelKind):
         if not signature or not hmac.compare_digest(expected.encode(), signature.encode()):
             raise Unauthorized(f"twilio: the {SIGNATURE_HEADER} header is missing or wrong")
 
-    def relay_token(self, call_sid: str, now: float | None = None) -> str:
-        """The token in a call's relay URL: the CallSid, an expiry, and their HMAC-SHA256 keyed
-        with a key derived from the auth token (so a token never reveals it)."""
+    def relay_token(self, call: CallOf, now: float | None = None) -> str:
+        """The token in a call's relay URL: the CallSid, an expiry, the call's binding (a keyed
+        digest of its CallSid, From and To, as the signed webhook gave them: the number is not in
+        the URL) and the HMAC-SHA256 of all three, keyed with a key derived from the auth token."""
         expires = int((now if now is not None else time.time()) + RELAY_TTL)
-        return f"{call_sid}.{expires}.{self._relay_mac(call_sid, expires)}"
+        bound = self._binding(call)
+        return f"{call.call_sid}.{expires}.{bound}.{self._mac('chatrun relay', call.call_sid, str(expires), bound)}"
 
-    def check_relay_token(self, token: str, now: float | None = None) -> str:
-        """The CallSid a relay token was signed for; Unauthorized when forged or expired."""
-        call_sid, _, rest = token.partition(".")
-        expires, _, mac = rest.partition(".")
-        if not (call_sid and expires.isdigit() and mac):
+    def check_relay_token(self, token: str, now: float | None = None) -> RelayGrant:
+        """What a relay token was signed for; Unauthorized when forged or expired."""
+        parts = token.rsplit(".", 3)
+        if len(parts) != 4 or not all(parts) or not parts[1].isdigit():
             raise Unauthorized("twilio: the relay URL has no token")
-        if not hmac.compare_digest(mac.encode(), self._relay_mac(call_sid, int(expires)).encode()):
+        call_sid, expires, bound, mac = parts
+        if not hmac.compare_digest(mac.encode(), self._mac("chatrun relay", call_sid, expires, bound).encode()):
             raise Unauthorized("twilio: the relay token is forged")
         if int(expires) < (now if now is not None else time.time()):
             raise Unauthorized("twilio: the relay token expired")
-        return call_sid
+        return RelayGrant(call_sid, bound)
 
-    def _relay_mac(self, call_sid: str, expires: int) -> str:
-        key = hmac.new(self.secret("auth_token").encode(), b"chatrun relay", hashlib.sha256).digest()
-        message = f"{self.bot.name}\0{call_sid}\0{expires}".encode()
+    def check_setup(self, grant: RelayGrant, setup: Mapping[str, Any]) -> CallOf:
+        """The call a relay's `setup` names (its callSid, from and to: unsigned) when it is the one
+        the signed webhook gave the token for; Unauthorized otherwise: a relay token does not let
+        whoever holds it choose the caller, hence the principal (docs/channels.md, "The phone")."""
+        call = CallOf(str(setup.get("callSid") or ""), str(setup.get("from") or ""), str(setup.get("to") or ""))
+        if call.call_sid != grant.call_sid:
+            raise Unauthorized(f"twilio: the relay token is for call {grant.call_sid}, the setup names another call")
+        if not hmac.compare_digest(self._binding(call).encode(), grant.bound.encode()):
+            raise Unauthorized(f"twilio: the setup of call {grant.call_sid} names another caller or number than its "
+                               "signed voice webhook (From, To): a relay token used by someone else?")
+        return call
+
+    def _binding(self, call: CallOf) -> str:
+        """The digest binding a relay token to its call's CallSid, From and To (keyed: a phone
+        number's few digits cannot be tried against it without the auth token)."""
+        return self._mac("chatrun relay caller", call.call_sid, call.caller, call.to)[:32]
+
+    def _mac(self, purpose: str, *fields: str) -> str:
+        """HMAC-SHA256 of the bot and `fields` (as a JSON list: no two lists of fields alike),
+        keyed with a key derived from the auth token for `purpose` (so a token never reveals it)."""
+        key = hmac.new(self.secret("auth_token").encode(), purpose.encode(), hashlib.sha256).digest()
+        message = json.dumps([self.bot.name, *fields]).encode()  # (ASCII: any text encodes)
         return hmac.new(key, message, hashlib.sha256).hexdigest()
 
     def public_base(self, request_base: str) -> str:
@@ -173,7 +214,9 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     params = await _signed_form(channel, request)
     if params is None:
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
-    call_sid = dict(params).get("CallSid", "")
+    form = dict(params)
+    call = CallOf(form.get("CallSid", ""), form.get("From", ""), form.get("To", ""))
+    call_sid = call.call_sid
     if not call_sid:
         raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
     if not await _first_webhook(registry, bot, call_sid):
@@ -183,7 +226,7 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
                                  "relay token only once per call")
     base = channel.public_base(str(request.base_url))
     socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-    relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call_sid)})
+    relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call)})
     greeting = channel.option("greeting", "")
     attributes = f"url={quoteattr(relay_url)} dtmfDetection=\"true\""
     if greeting:
@@ -221,13 +264,13 @@ async def relay(websocket: WebSocket, bot: str) -> None:
     registry: SessionRegistry = websocket.app.state.registry
     try:
         channel = _twilio(registry, bot)
-        call_sid = channel.check_relay_token(websocket.query_params.get("token", ""))
+        grant = channel.check_relay_token(websocket.query_params.get("token", ""))
     except (Unauthorized, wire.RequestFailed, ChatrunError) as exc:
         log.warning("channel twilio of bot %s: refused a relay socket: %s", bot, exc)
         await websocket.close(code=POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Call(registry, channel, websocket, call_sid).run()
+    await Call(registry, channel, websocket, grant).run()
 
 
 def one_line(text: str) -> str:
@@ -253,8 +296,9 @@ class Spoken:
 class Call:
     """One relay socket of a call: Twilio's messages in, the turns' tokens out (module doc)."""
 
-    def __init__(self, registry: SessionRegistry, channel: Twilio, websocket: WebSocket, call_sid: str):
-        self.registry, self.channel, self.ws, self.call_sid = registry, channel, websocket, call_sid
+    def __init__(self, registry: SessionRegistry, channel: Twilio, websocket: WebSocket, grant: RelayGrant):
+        self.registry, self.channel, self.ws, self.grant = registry, channel, websocket, grant
+        self.call_sid = grant.call_sid
         self.bot = channel.bot.name
         self.principal: Principal | None = None
         self.running: asyncio.Task[None] | None = None
@@ -291,12 +335,15 @@ class Call:
         """Handle one of Twilio's messages; False when the socket is the wrong call's."""
         kind = message.get("type")
         if kind == "setup":
-            if message.get("callSid") != self.call_sid:
-                log.warning("channel twilio of bot %s: a relay token for another call", self.bot)
+            try:
+                call = self.channel.check_setup(self.grant, message)
+            except Unauthorized as exc:  # (nothing has run: no session, no turn)
+                log.warning("channel twilio of bot %s: call %s: refused the relay socket: %s", self.bot,
+                            self.call_sid, exc)
                 await self.ws.close(code=POLICY_VIOLATION)
                 return False
-            caller = str(message.get("from") or "anonymous")
-            self.principal = self.registry.channels.principal(KIND, Inbound("", self.call_sid, caller, "", {}))
+            self.principal = self.registry.channels.principal(
+                KIND, Inbound("", self.call_sid, call.caller or "anonymous", "", {}))
         elif self.principal is None:
             return True  # nothing before the setup
         elif kind == "prompt":
