@@ -6,7 +6,7 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    the account's auth token). A wrong signature gets 401 and no call. The answer is TwiML that
    connects the call to the relay socket, whose URL carries a token chatrun signed for this
    call (`relay_token`): only the call Twilio announced may open a socket, and its `setup`
-   (unsigned) must name the CallSid, From and To the signed webhook gave, so whoever holds the
+   (unsigned) must name the CallSid and From the signed webhook gave, so whoever holds the
    token cannot choose the caller, hence the principal (`check_setup`). The first webhook
    claims the CallSid in the store: the same webhook posted again (a captured one replayed)
    gets 409 and no token, whenever it comes (store/replays.py: CALL_CLAIM_AGE).
@@ -77,12 +77,12 @@ NOTE = "(The caller "  # an interrupt's note starts so, on a line of its own bef
 
 @dataclass(frozen=True)
 class CallOf:
-    """A call as the signed voice webhook names it: its CallSid, the caller's number (From: the
-    principal `twilio:<From>`) and the number called (To)."""
+    """A call as the signed voice webhook names it: its CallSid and the caller's number (From: the
+    principal `twilio:<From>`). The number called (To) is not bound: nothing reads it, and a
+    setup that wrote it otherwise than the webhook (a SIP address) would refuse every call."""
 
     call_sid: str
     caller: str
-    to: str
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Twilio(ChannelKind):
 
     def relay_token(self, call: CallOf, now: float | None = None) -> str:
         """The token in a call's relay URL: the CallSid, an expiry, the call's binding (a keyed
-        digest of its CallSid, From and To, as the signed webhook gave them: the number is not in
+        digest of its CallSid and From, as the signed webhook gave them: the number is not in
         the URL) and the HMAC-SHA256 of all three, keyed with a key derived from the auth token."""
         expires = int((now if now is not None else time.time()) + RELAY_TTL)
         bound = self._binding(call)
@@ -133,21 +133,21 @@ class Twilio(ChannelKind):
         return RelayGrant(call_sid, bound)
 
     def check_setup(self, grant: RelayGrant, setup: Mapping[str, Any]) -> CallOf:
-        """The call a relay's `setup` names (its callSid, from and to: unsigned) when it is the one
+        """The call a relay's `setup` names (its callSid and from: unsigned) when it is the one
         the signed webhook gave the token for; Unauthorized otherwise: a relay token does not let
         whoever holds it choose the caller, hence the principal (docs/channels.md, "The phone")."""
-        call = CallOf(str(setup.get("callSid") or ""), str(setup.get("from") or ""), str(setup.get("to") or ""))
+        call = CallOf(str(setup.get("callSid") or ""), str(setup.get("from") or ""))
         if call.call_sid != grant.call_sid:
             raise Unauthorized(f"twilio: the relay token is for call {grant.call_sid}, the setup names another call")
         if not hmac.compare_digest(self._binding(call).encode(), grant.bound.encode()):
             raise Unauthorized(f"twilio: the setup of call {grant.call_sid} names another caller or number than its "
-                               "signed voice webhook (From, To): a relay token used by someone else?")
+                               "signed voice webhook (From): a relay token used by someone else?")
         return call
 
     def _binding(self, call: CallOf) -> str:
-        """The digest binding a relay token to its call's CallSid, From and To (keyed: a phone
+        """The digest binding a relay token to its call's CallSid and From (keyed: a phone
         number's few digits cannot be tried against it without the auth token)."""
-        return self._mac("chatrun relay caller", call.call_sid, call.caller, call.to)[:32]
+        return self._mac("chatrun relay caller", call.call_sid, call.caller)[:32]
 
     def _mac(self, purpose: str, *fields: str) -> str:
         """HMAC-SHA256 of the bot and `fields` (as a JSON list: no two lists of fields alike),
@@ -215,7 +215,7 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     if params is None:
         return JSONResponse({"ok": False, "error": "unauthorized"}, status_code=401)
     form = dict(params)
-    call = CallOf(form.get("CallSid", ""), form.get("From", ""), form.get("To", ""))
+    call = CallOf(form.get("CallSid", ""), form.get("From", ""))
     call_sid = call.call_sid
     if not call_sid:
         raise wire.RequestFailed(wire.BAD_REQUEST, "a Twilio voice webhook without a CallSid")
