@@ -371,15 +371,16 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
-        made = _made_id(attempt)
+        made, taken = _made_id(attempt), False
         for earlier in (await self._failed_attempts_session(attempt), made):
             if earlier is not None and await self.records.version(earlier) is not None:
                 async with registry.session(ident.bot, earlier, who, EXISTING) as session:
                     if not session.turn_count:  # nothing committed: the turn an earlier attempt did not finish
                         yield Opened(session, NEW_SESSION)
                         return
-                made = None  # the same first message sent again by its user: a conversation of its own
-        async with self._new(ident, who, made or secrets.token_hex(8), await self._chat_started(ident, who)) as opened:
+                taken = taken or earlier == made  # the same first message sent again by its user: a new one
+        session_id = made if made is not None and not taken else secrets.token_hex(8)
+        async with self._new(ident, who, session_id, await self._chat_started(ident, who)) as opened:
             yield opened
 
     async def _chat_started(self, ident: Identity, who: Principal | None) -> dict[str, Any] | None:
