@@ -180,6 +180,7 @@ tools:
     description: Open a support ticket
     parameters: {{type: object, properties: {{topic: {{type: string}}, session: {{type: string}}}}, required: [topic]}}
     http: {{method: POST, url: "{{{{ env.TICKETS_URL }}}}/tickets", json: {{topic: "{{{{ args.topic }}}}", session: "{{{{ args.session }}}}"}}}}
+canned: {{greeting: "Hello, this is a colleague from billing."}}
 """
 
 
@@ -400,3 +401,21 @@ def test_a_real_server_restarted_during_a_handover_opens_the_ticket_when_nobody_
         finally:
             second.stop()
         assert len(tickets.seen()) == 1  # once
+
+
+def test_a_role_that_may_take_over_reads_the_canned_replies_and_types_as_the_operator(desk):
+    """docs/operators.md: takeover, messages and release need `operators` or the role an
+    `operator:` action names; so do the canned replies and typing as the operator, which the
+    operator page calls for whoever holds the conversation (bea has only `billing`)."""
+    serve_desk, _ = desk
+    with serve_desk() as client:
+        hand_over(client, "c1")
+        assert client.post("/bots/desk/sessions/c1/takeover", json={}, headers=BEA).status_code == 200
+        canned = client.get("/bots/desk/sessions/c1/canned", headers=BEA)
+        assert canned.status_code == 200, canned.text
+        assert canned.json()["canned"] == [{"name": "greeting", "text": "Hello, this is a colleague from billing."}]
+        typing = client.post("/bots/desk/sessions/c1/typing", json={"typing": True, "as": "operator"}, headers=BEA)
+        assert typing.status_code == 200, typing.text
+        assert client.get("/bots/desk/sessions/c1/typing", headers=ANA).json()["operator"] == "bea"
+        # A principal with neither role still may not.
+        assert client.get("/bots/desk/sessions/c1/canned", headers=EVE).status_code in (403, 404)

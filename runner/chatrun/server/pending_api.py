@@ -267,8 +267,8 @@ async def pending_stream(
 
 
 async def canned_replies(bot: str, session_id: str, who: Caller, registry: Registry) -> Any:
-    require_operator(who, "the canned replies")
     async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, takeover=True)) as session:
+        require_operator(who, "the canned replies", operator_roles(session))
         config = session.bot.config
         return {"canned": [{"name": name, "text": canned_text(text, config.catalogs, session.locale)}
                            for name, text in config.canned.items()]}
@@ -283,11 +283,11 @@ async def set_typing(bot: str, session_id: str, request: Request, who: Caller, r
     party = body.get("as", "user")
     if party not in ("user", "operator"):
         raise wire.RequestFailed(wire.BAD_REQUEST, 'as must be "user" or "operator"')
-    if party == "operator":
-        require_operator(who, "typing as the operator")
     reach = Reach(pending=True, takeover=True) if party == "operator" else Reach()
     # Queued like any request to the session: a read by the other party holds it only briefly.
     async with registry.session(bot, session_id, who, EXISTING, reach=reach) as session:
+        if party == "operator":
+            require_operator(who, "typing as the operator", operator_roles(session))
         key = typing_key(session.bot.name, session_id, party)
         if on:
             name = who.name if who is not None else None
@@ -363,6 +363,17 @@ def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve |
     return Approve(item, args, reason)
 
 
+def operator_roles(session: Any) -> set[str]:
+    """The roles besides `operators` that may act as a session's operator — take it over, read
+    the canned replies, type as the operator (docs/operators.md): those its takeover items name,
+    else (nobody handed it over) those the bot's `operator:` actions name."""
+    return _takeover_item_roles(session) or set(handover_roles(session.bot.config))
+
+
+def _takeover_item_roles(session: Any) -> set[str]:
+    return {r for item in session.pending if item.kind == TAKEOVER for r in item.by}
+
+
 def require_operator(who: Principal | None, what: str, item_roles: set[str] | None = None) -> None:
     """Forbidden unless the caller is an operator (or holds one of `item_roles`); auth off: anyone."""
     if who is None:
@@ -379,9 +390,7 @@ async def _operator_turn(registry: Any, bot: str, session_id: str, who: Principa
     the role a takeover item of the session names (an `operator: role:` action)."""
     reach = Reach(pending=True, takeover=isinstance(message, TakeOver))
     async with registry.session(bot, session_id, who, EXISTING, reach=reach) as session:
-        roles = {r for item in session.pending if item.kind == TAKEOVER for r in item.by}
-        if isinstance(message, TakeOver) and not roles:  # nobody handed it over: the bot's operator roles
-            roles = set(handover_roles(session.bot.config))
+        roles = operator_roles(session) if isinstance(message, TakeOver) else _takeover_item_roles(session)
         require_operator(who, f"{type(message).__name__} on session {session_id}", roles)
         return await turn_reply(registry, session, message, key)
 
