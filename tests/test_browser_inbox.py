@@ -347,3 +347,39 @@ def test_the_operator_page_speaks_the_bots_locale(german_server, width):
         shot(inbox, f"inbox-de-conversation-{width}")
         no_serious_violations(inbox, f"the German conversation at {width} px")
     assert not errors, f"JavaScript errors: {errors}"
+
+
+def test_an_operators_message_sent_again_after_a_lost_answer_reaches_the_user_once(server):
+    """The operator's message reached the server, which committed it, but the answer was lost (the
+    network failed): the page puts the text back in the box, and sending it again replays the
+    committed message (the same Idempotency-Key) instead of telling the user twice."""
+    errors: list[str] = []
+    with chromium() as browser:
+        ana = waiting_customer(server, "ana", "human please, my parcel is two weeks late")
+        inbox = open_page(browser, server, "/operator", "sam", 1280, errors)
+        inbox.locator(f".op-session[data-session='{ana}']").click()
+        inbox.click("#take-over")
+        inbox.wait_for_selector("#operator-input", timeout=30_000)
+        lost = []
+
+        def lose_the_first_answer(route: Any) -> None:
+            if lost:
+                route.continue_()
+                return
+            lost.append(route.fetch().status)  # the server got it and answered ...
+            route.abort("connectionreset")  # ... and the page never read the answer
+
+        inbox.route("**/operator/messages", lose_the_first_answer)
+        inbox.fill("#operator-input", "Checking your parcel now.")
+        inbox.click("#operator-say button[type=submit]")
+        inbox.wait_for_function("document.querySelector('#operator-input').value === 'Checking your parcel now.'",
+                                timeout=30_000)
+        assert lost == [200]
+        inbox.click("#operator-say button[type=submit]")
+        inbox.wait_for_function("document.querySelector('#operator-input').value === ''", timeout=30_000)
+        inbox.locator("#op-history", has_text="Checking your parcel now.").wait_for(timeout=30_000)
+        history = get(server, f"/bots/shop/sessions/{ana}", "sam")["history"]
+        said = [e["data"] for entry in history for e in entry.get("events", [])
+                if e["type"] == "Message" and e["data"] == "Checking your parcel now."]
+        assert said == ["Checking your parcel now."]
+    assert not errors, f"JavaScript errors: {errors}"

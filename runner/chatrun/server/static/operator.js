@@ -35,6 +35,10 @@
   let known = null; // session -> the time of its last activity, as last seen (null: the first load)
   let lastPing = 0;
   let you = null; // the viewer's name, as GET /pending says it (null: no one signed in)
+  // A message whose POST got no answer (the network failed: the server may have committed it),
+  // back in the box with its Idempotency-Key: sent again unchanged, it goes with the same key, so
+  // the server answers from its commit instead of the user reading it twice.
+  let unsent = null; // {session, text, key}
   const pageData = JSON.parse($("page-data").textContent);
 
   /** The page's text `key` (definition/page_texts.py, or the bot's `page.<key>`), `{name}`s filled. */
@@ -505,7 +509,13 @@
       if (!text.trim()) return;
       input.value = "";
       stopTyping();
-      act("/operator/messages", { text: text }).then((ok) => { if (!ok && !$("operator-input").value) $("operator-input").value = text; });
+      const session = open.bot + "/" + open.id;
+      const again = unsent && unsent.session === session && unsent.text === text;
+      const key = again ? unsent.key : "operator-say-" + Date.now() + "-" + Math.random().toString(36).slice(2);
+      act("/operator/messages", { text: text }, key).then((ok) => {
+        unsent = ok ? null : { session: session, text: text, key: key };
+        if (!ok && !$("operator-input").value) $("operator-input").value = text;
+      });
     });
     if (open.canned.length) box.appendChild(renderCanned(input));
     box.appendChild(say);
@@ -562,10 +572,11 @@
     refreshList();
   }
 
-  async function act(path, body) {
+  async function act(path, body, key) {
     try {
       await call(sessionPath(open.bot, open.id) + path, {
-        method: "POST", body: JSON.stringify(body), headers: { "Idempotency-Key": "operator-" + path + "-" + Date.now() },
+        method: "POST", body: JSON.stringify(body),
+        headers: { "Idempotency-Key": key || "operator-" + path + "-" + Date.now() },
       });
     } catch (err) {
       $("action-problem").textContent = err.message;
