@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -140,13 +141,31 @@ def regenerate_by_response_id(client: openai.OpenAI, fake) -> None:
     assert reply.model_extra["chatrun"]["how"] == "forked"
 
 
-def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, shop, redis_server, tmp_path):
-    """A regenerate or an edit forks (docs/openai-api.md), and a fork's calls carry the keys its
-    original's would (docs/tools.md, "Idempotency keys"): an order regenerated twice, on two
-    replicas, reaches the shop three times with one key, which the shop dedupes by; the edited
-    order (other arguments) is another call, with another key. The same with the Responses API's
-    `previous_response_id`. On SQLite too."""
+def test_a_regenerated_answer_does_not_run_a_once_call_again(fake, shop, redis_server, tmp_path):
+    """A regenerate or an edit forks (docs/openai-api.md), and a fork keeps what its original did
+    since (docs/tools.md, "Side effects"): the order (an `effect: once` call) regenerated twice, on
+    two replicas, reaches the shop once, the model reading that it was done; the edited order
+    (other arguments) is another call. The same with `previous_response_id`. On SQLite too."""
     bot, receiver = shop
+    for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
+        receiver.deliveries.clear()
+        one, two = replicas(bot, store)
+        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
+            regenerate_twice_and_edit(client, fake)
+            read = [m["content"] for m in fake.requests[-3]["messages"] if m["role"] == "tool"]
+            regenerate_by_response_id(client, fake)
+        assert [d.body for d in receiver.seen()] == [{"item": "tea"}, {"item": "coffee"}, {"item": "tea"}]
+        assert read[-1].startswith("Already done earlier in this conversation (turn 2): ")
+
+
+def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, shop, redis_server, tmp_path):
+    """A fork's calls carry the keys its original's would (docs/tools.md, "Idempotency keys"): a
+    call that runs again in a fork — an `effect: idempotent` one here (a `once` call is not run
+    again at all) — regenerated twice, on two replicas, reaches the shop three times with one key;
+    the edited call (other arguments) is another call, with another key; another conversation's
+    call another key. The same with `previous_response_id`. On SQLite too."""
+    _, receiver = shop
+    bot = chatrun.load_bot(write_idempotent(shop, tmp_path))
     for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
         receiver.deliveries.clear()
         one, two = replicas(bot, store)
@@ -158,28 +177,50 @@ def test_a_regenerated_answer_makes_the_same_call_with_its_originals_key(fake, s
         assert keys[4] == keys[5] and keys[4] not in keys[:4]  # another conversation: another key
 
 
-def test_a_regenerated_first_answer_in_a_front_ends_chat_sends_its_originals_key(fake, shop, redis_server, tmp_path):
+def write_idempotent(shop, tmp_path) -> Path:
+    """The shop whose order is `effect: idempotent` (runs again when called again; still keyed)."""
+    _, receiver = shop
+    path = tmp_path / "idempotent" / "shop.yaml"
+    path.parent.mkdir()
+    path.write_text(BOT.replace("RECEIVER", receiver.url).replace(
+        "    http: {url:", "    effect: idempotent\n    http: {url:"))
+    return path
+
+
+def chats_regenerated(client: openai.OpenAI, fake) -> list[str]:
+    """Two chats (a front end's chat id header) whose first answer is regenerated, on either API:
+    how each request found its session."""
+    hows = []
+    for chat in ("chat-1", "chat-1", "chat-2", "chat-2"):
+        fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea."})
+        if chat == "chat-1":
+            reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "tea"}],
+                                                   extra_headers={"X-Chat-Id": chat})
+        else:
+            reply = client.responses.create(model="shop", input="tea", extra_headers={"X-Chat-Id": chat})
+        hows.append(reply.model_extra["chatrun"]["how"])
+    return hows
+
+
+def test_a_regenerated_first_answer_in_a_front_ends_chat_forks_from_the_chats_start(fake, shop, redis_server, tmp_path):
     """With a front end's chat id (`--session-header`), the first answer regenerated (the same first
-    message again in the same chat, on either API) forks from the chat's start, and its call
-    carries the key the first answer's did; the same message in another chat is a new one."""
-    bot, receiver = shop
+    message again in the same chat, on either API) forks from the chat's start: its `once` order is
+    not placed again (the chat's first session placed it), and an order that runs again
+    (`effect: idempotent`) carries the key the first answer's did; the same message in another chat
+    is a conversation of its own. On two replicas sharing Redis, and on SQLite."""
+    _, receiver = shop
     options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
-    for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
-        receiver.deliveries.clear()
-        one, two = replicas(bot, store, **options)
-        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
-            hows = []
-            for chat in ("chat-1", "chat-1", "chat-2", "chat-2"):
-                fake.queue(call("place_order", item="tea"), {"text": "Ordered: tea."})
-                if chat == "chat-1":
-                    reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "tea"}],
-                                                           extra_headers={"X-Chat-Id": chat})
-                else:
-                    reply = client.responses.create(model="shop", input="tea", extra_headers={"X-Chat-Id": chat})
-                hows.append(reply.model_extra["chatrun"]["how"])
-        keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
-        assert hows == ["new", "forked", "new", "forked"]
-        assert keys[0] == keys[1] != keys[2] == keys[3]
+    for bot in (shop[0], chatrun.load_bot(write_idempotent(shop, tmp_path))):
+        for store in (redis_server.url(), f"sqlite:///{tmp_path}/{bot.config.name}-{len(receiver.seen())}.db"):
+            receiver.deliveries.clear()
+            one, two = replicas(bot, store, **options)
+            with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
+                assert chats_regenerated(client, fake) == ["new", "forked", "new", "forked"]
+            keys = [delivery.headers["idempotency-key"] for delivery in receiver.seen()]
+            if bot is shop[0]:  # once: one order a chat
+                assert len(keys) == 2 and keys[0] != keys[1]
+            else:
+                assert len(keys) == 4 and keys[0] == keys[1] != keys[2] == keys[3]
 
 
 def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):

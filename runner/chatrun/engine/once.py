@@ -72,6 +72,17 @@ def remember(c: Conversation, same: str, turn: int, reply: str) -> None:
     c.done_calls = (*kept_calls, f"{same} {turn} {kept}")[-DONE_KEPT:]
 
 
+def carried(forked: list[Any] | None, original: list[Any] | None) -> list[str]:
+    """A fork's record of calls done (`forked`, as it was at the turn it forks from) with the calls
+    its original conversation did since (`original`, as it is now): what a call did outside the
+    conversation happened, whichever conversation is taken up again, so the same call in the fork
+    is answered from the record, not run again (docs/openai-api.md, forks)."""
+    kept = [e for e in forked or () if isinstance(e, str)]
+    had = {e.split(" ", 1)[0] for e in kept}
+    since = [e for e in original or () if isinstance(e, str) and e.split(" ", 1)[0] not in had]
+    return (kept + since)[-DONE_KEPT:]
+
+
 def waiting_with(c: Conversation, same: str, acted_on: dict[str, Any]) -> PendingItem | None:
     """An open approval or question of a call with this identity (what it acts on as it is now)."""
     for item in c.pending:

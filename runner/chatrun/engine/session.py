@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.definition.page_texts import page_texts, said
-from chatrun.engine import follow_up, guardrails, outcomes, tracing, user_summary
+from chatrun.engine import follow_up, guardrails, once, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
 from chatrun.engine.pausing import announce
@@ -177,6 +177,14 @@ class Session:
     @property
     def meta(self) -> dict[str, Any]:
         return self._c.meta
+
+    def take_up(self, forked_from: dict[str, Any], done: list[Any] | None) -> None:
+        """A new session that takes up another conversation from its start (a `/v1` first message
+        sent again in a front end's chat): where it came from (its calls keyed as that
+        conversation's: `Conversation.keyed_as`) and the calls done once there, not run again here
+        (engine/once.py `carried`). Before its first turn."""
+        self._c.meta["forked_from"] = forked_from
+        self._c.done_calls = tuple(once.carried(None, done))
 
     @property
     def locale(self) -> str | None:

@@ -56,6 +56,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chatrun.engine import once
+from chatrun.engine.conversation import DONE_CALLS_KEY
 from chatrun.engine.waiting import not_decided_here
 from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
 from chatrun.server import wire
@@ -428,7 +430,9 @@ class TurnIndex:
         async with registry.session(ident.bot, session_id, who, NEW, route=ident.route,
                                     version=ident.version, locale=ident.locale) as session:
             if started is not None:
-                session.meta["forked_from"] = {"session": started["session"], "turn": 0, "keys": started["keys"]}
+                original = await registry.store.load_session(started["session"])
+                session.take_up({"session": started["session"], "turn": 0, "keys": started["keys"]},
+                                original.snapshot.get(DONE_CALLS_KEY) if original is not None else None)
             elif ident.in_chat and not ident.earlier and ident.previous is None:
                 await self.records.put_record(ident.start_key(_owner(who)), {
                     "bot": ident.bot, "session": session_id, "keys": session_id}, session_id)
@@ -586,6 +590,9 @@ class TurnIndex:
         for item in state["snapshot"].get(PENDING_ITEMS_KEY) or ():  # not forked: the model reads so
             not_decided_here(memories, item)
         snapshot = forked_snapshot(state["snapshot"], old, new, record["turn"])
+        now = await self.registry.store.load_session(old)  # what its original did since: done, in the fork too
+        if now is not None and now.snapshot.get(DONE_CALLS_KEY):
+            snapshot[DONE_CALLS_KEY] = once.carried(snapshot.get(DONE_CALLS_KEY), now.snapshot[DONE_CALLS_KEY])
         # A new session (versions.CREATE: refused if the id exists), written like any commit.
         written: dict[str, list[Message] | None] = dict(memories)
         await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
