@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -173,35 +174,28 @@ tools:
 """
 
 
-def _age_claims(url: str, seconds: float) -> int:
-    """Make the `/v1` requests' running claims in the store `seconds` older, as if that long had
-    passed since the attempt that holds them began (the wait for a replica that died)."""
-    import asyncio
+LEASE_TTL = 2.0  # the replicas' --lease-ttl
+# How long after a replica's death (-9) the SDK's retry may take to answer: the SDK's back-off
+# (at most 8 s), the dead replica's lease running out (the TTL), and a look at it every 0.5 s,
+# with room for a loaded machine; far below the 5 minutes a retry waited for a claim before.
+RETRY_BOUND = 8 + 3 * LEASE_TTL + 10
 
-    from chatrun.store.aio import open_async_store
 
-    async def age() -> int:
-        store = open_async_store(url)
-        aged = 0
-        try:
-            for key in await store.record_keys("openai:request:"):
-                record = await store.get_record(key)
-                if record and record.get("running"):
-                    await store.put_record(key, dict(record, at=float(record["at"]) - seconds))
-                    aged += 1
-        finally:
-            await store.close()
-        return aged
-
-    return asyncio.run(age())
+def _v1(url: str, key: str, timeout: float = 120) -> httpx.Response:
+    """The conversation's first /v1 request, under the Idempotency-Key `key`."""
+    return httpx.post(f"{url}/v1/chat/completions", json={
+        "model": "shop", "messages": [{"role": "user", "content": "My laptop's screen is cracked."}]},
+        headers={"Idempotency-Key": key}, timeout=timeout)
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_same_idempotency_key(
         fake, api, shared_store, tmp_path):
     """docs/tools.md, "Idempotency keys": a conversation's first `/v1` request orders a device;
     its replica dies (-9) after the order reached the API, before the commit. The SDK retries on
-    the other replica, which takes over the dead attempt's claim and runs the turn in the session
+    the other replica, which takes over the dead attempt's claim as soon as that replica's lease
+    has run out (docs/openai-api.md, "Retries run a turn once"), and runs the turn in the session
     that attempt made: the order goes out again with the same key, and the API places it once."""
     import openai
 
@@ -210,7 +204,8 @@ def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_sa
     fake.responder = responder
     bot = tmp_path / "shop.yaml"
     bot.write_text(SHOP)
-    replicas = [Replica(str(bot), shared_store, fake.base_url).start() for _ in range(2)]
+    replicas = [Replica(str(bot), shared_store, fake.base_url, "--lease-ttl", str(LEASE_TTL)).start()
+                for _ in range(2)]
     try:
         transport = Alternating([replica.url for replica in replicas])
         client = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key="x", timeout=120, max_retries=2,
@@ -221,10 +216,11 @@ def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_sa
         thread.start()
         assert api.arrived.wait(60), "the order never reached the API"
         replicas[0].kill()  # the tool ran, the turn is not committed
-        assert _age_claims(shared_store, 3600) == 1  # its claim, as after the wait for a dead replica
+        died = time.monotonic()
         api.release.set()
-        thread.join(180)
-        assert answers, "the SDK's retry got no answer"
+        thread.join(RETRY_BOUND)
+        assert answers, f"the SDK's retry got no answer within {RETRY_BOUND:g} s of the replica's death"
+        assert time.monotonic() - died < RETRY_BOUND
         reply = answers[0]
         assert reply.choices[0].message.content.startswith("Done: ") and reply.model_extra["chatrun"]["how"] == "new"
         sent = [r for r in api.requests if r["path"] == "/device-orders"]
@@ -234,3 +230,73 @@ def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_sa
         api.release.set()
         for replica in replicas:
             replica.kill()
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_a_v1_attempt_alive_but_slow_is_waited_for_by_its_retry_on_another_replica(
+        fake, api, shared_store, tmp_path):
+    """An attempt whose tool (or model) takes several lease TTLs is alive: its retry on the other
+    replica, under the same Idempotency-Key, waits for it and replays its answer; nothing runs twice."""
+    fake.responder = responder
+    bot = tmp_path / "shop.yaml"
+    bot.write_text(SHOP)
+    replicas = [Replica(str(bot), shared_store, fake.base_url, "--lease-ttl", str(LEASE_TTL)).start()
+                for _ in range(2)]
+    try:
+        answers: dict[str, httpx.Response] = {}
+        first = threading.Thread(target=lambda: answers.setdefault("first", _v1(replicas[0].url, "slow-1")))
+        first.start()
+        assert api.arrived.wait(60), "the order never reached the API"
+        retry = threading.Thread(target=lambda: answers.setdefault("retry", _v1(replicas[1].url, "slow-1")))
+        retry.start()
+        time.sleep(3 * LEASE_TTL)  # the attempt outlives its claim's age by more than a lease's TTL ...
+        assert not answers, answers  # ... and the retry still waits for it
+        api.release.set()
+        first.join(60)
+        retry.join(60)
+        ran, replayed = answers["first"], answers["retry"]
+        assert ran.status_code == replayed.status_code == 200, (ran.text, replayed.text)
+        assert replayed.json()["chatrun"]["how"] == "replayed"
+        assert replayed.json()["choices"][0]["message"]["content"] == ran.json()["choices"][0]["message"]["content"]
+        assert len([r for r in api.requests if r["path"] == "/device-orders"]) == 1  # the tool ran once
+    finally:
+        api.release.set()
+        for replica in replicas:
+            replica.kill()
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_a_v1_retry_after_the_sqlite_server_restarted_runs_at_once(fake, api, tmp_path):
+    """One `chatrun serve` on SQLite, killed (-9) while a /v1 request's tool runs, started again on
+    the same file: the request's retry takes over the claim the dead process left at once (no
+    other process can be running it) and runs the turn in the session that attempt made."""
+    fake.responder = responder
+    bot = tmp_path / "shop.yaml"
+    bot.write_text(SHOP)
+    store = f"sqlite:///{tmp_path / 'chatrun.db'}"
+    server = Replica(str(bot), store, fake.base_url).start()
+    restarted = None
+    try:
+        lost: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _expect_lost(lambda: _v1(server.url, "restart-1"), lost))
+        thread.start()
+        assert api.arrived.wait(60), "the order never reached the API"
+        server.kill()
+        api.release.set()
+        thread.join(60)
+        assert lost, "the server answered before it was killed"
+        restarted = Replica(str(bot), store, fake.base_url).start()
+        began = time.monotonic()
+        retried = _v1(restarted.url, "restart-1", RETRY_BOUND)
+        assert retried.status_code == 200, retried.text
+        assert time.monotonic() - began < RETRY_BOUND
+        assert retried.json()["chatrun"]["how"] == "new"
+        sent = [r for r in api.requests if r["path"] == "/device-orders"]
+        assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"] and len(api.orders) == 1
+    finally:
+        api.release.set()
+        for replica in (server, restarted):
+            if replica is not None:
+                replica.kill()

@@ -179,6 +179,7 @@ class Lifecycle:
         ping = getattr(registry.store, "ping", None)
         if ping is not None:  # a shared store that cannot be reached: fail at startup, not per request
             await ping()
+        await registry.liveness.start()  # before any request: every claim it names has its lease
         await registry.shelf.publish()  # the bots' files, for replicas that lack a session's version
         note = registry.shelf.start_note()
         if note is not None:  # loud where replicas share the store by design, a note elsewhere
@@ -209,6 +210,7 @@ class Lifecycle:
             delivering.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await delivering
+            await registry.liveness.stop()
             await worker.aclose()
             await registry.channels.aclose()
             if watchers is not None:

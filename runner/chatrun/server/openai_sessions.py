@@ -87,9 +87,10 @@ NEW_SESSION = "new"  # nothing matched: a new session (earlier messages seeded i
 REPLAYED = "replayed"  # a retry of a request whose turn committed: its answer again, nothing run
 
 # How long a retry waits for the attempt it repeats (still running, perhaps on another replica)
-# to commit or fail, and how old a claim may be before it counts as abandoned (a replica died).
+# to commit or fail; an attempt whose process died is not waited for (server/liveness.py).
 REPLAY_WAIT = 300.0
 REPLAY_POLL = 0.1
+LIVENESS_LOOK = 0.5  # seconds between two looks at whether the running attempt's process is alive
 
 Exchange = list[tuple[str, str]]  # (role, text) pairs, role "user" or "assistant"
 Kept = dict[str, dict[str, Any]]  # by key of the index: what its record keeps besides the turn's
@@ -452,7 +453,7 @@ class TurnIndex:
         """In one call of a local store's thread: the request's claim (when `claim`), the
         record under `key` (when given), and whether the session it names (else `session_id`)
         exists: a deleted session's recorded turns neither continue nor fork."""
-        work = functools.partial(_look_up, claim, key, session_id)
+        work = functools.partial(_look_up, claim, None if claim is None else await self._running(), key, session_id)
         in_one_call = getattr(self.records, "in_one_call", None)
         return await (in_one_call(work) if in_one_call is not None else work(self.records))
 
@@ -471,21 +472,43 @@ class TurnIndex:
         """For a request that may have run already (an Idempotency-Key, a retry): its committed
         outcome to replay, or None when this attempt holds the claim and runs the turn. The claim
         is one atomic put-if-absent, so of two first attempts at the same instant (on any
-        replicas) one runs and the other waits for its outcome."""
+        replicas) one runs and the other waits for its outcome. A claim whose attempt's process
+        is dead (`_abandoned`) is taken over at once; one still running after REPLAY_WAIT is a
+        Conflict (send the request again later: the SDKs do), never run twice."""
+        deadline = time.monotonic() + REPLAY_WAIT
         while True:
-            recorded = await self.outcome(key)
+            recorded = await self._outcome(key, deadline)
             if recorded is not None:
                 return recorded
-            if await self.records.claim_record(key, {"running": True, "at": time.time()}):
+            if await self.records.claim_record(key, await self._running()):
                 return None
-            await self._drop_abandoned(key)
+            if not await self._drop_abandoned(key) and time.monotonic() > deadline:
+                raise wire.RequestFailed(wire.CONFLICT, f"an earlier attempt of this request is still running "
+                                         f"(waited {REPLAY_WAIT:g} s for it); send the request again later")
 
-    async def _drop_abandoned(self, key: str) -> None:
-        # A claim older than REPLAY_WAIT was left by a replica that died: the next attempt takes
-        # it over. (Two retries taking over the same abandoned claim at once may both run.)
+    async def _running(self) -> dict[str, Any]:
+        """A claim: the attempt that holds it runs, in this process (server/liveness.py), whose
+        lease on a shared store is taken before the first claim names it (at once after)."""
+        liveness = self.registry.liveness
+        await liveness.start()
+        return {"running": True, "at": time.time(), "by": liveness.incarnation}
+
+    async def _abandoned(self, claim: dict[str, Any]) -> bool:
+        """Whether a running claim's attempt is dead: its process is (server/liveness.py); for a
+        claim that names no process (an older chatrun's), when it is older than REPLAY_WAIT."""
+        alive = await self.registry.liveness.alive(claim)
+        if alive is None:
+            return time.time() - float(claim.get("at", 0)) > REPLAY_WAIT
+        return not alive
+
+    async def _drop_abandoned(self, key: str) -> bool:
+        # The next attempt takes an abandoned claim over. (Two retries taking over the same
+        # abandoned claim at once may both run.)
         record = await self.records.get_record(key)
-        if record is not None and record.get("running") and time.time() - float(record.get("at", 0)) > REPLAY_WAIT:
+        if record is not None and record.get("running") and await self._abandoned(record):
             await self.records.delete_record(key)
+            return True
+        return False
 
     async def release(self, key: str) -> None:
         """The attempt committed nothing (it failed, or was refused): a retry runs afresh."""
@@ -493,16 +516,22 @@ class TurnIndex:
         if record is not None and record.get("running"):
             await self.records.delete_record(key)
 
-    async def outcome(self, key: str) -> dict[str, Any] | None:
-        """The committed outcome of an earlier attempt of this request, waiting while one runs;
-        None when there is none (never tried, failed, or abandoned by a replica that died)."""
-        deadline = time.monotonic() + REPLAY_WAIT
+    async def _outcome(self, key: str, deadline: float) -> dict[str, Any] | None:
+        """The committed outcome of an earlier attempt of this request, waiting while one runs
+        (until `deadline`, monotonic); None when there is none (never tried, failed, or abandoned:
+        its process died). Whether the running one is alive is looked at every LIVENESS_LOOK."""
+        look = 0.0
         while True:
             record = await self.records.get_record(key)
             if record is None or not record.get("running"):
                 return record
-            if time.time() - float(record.get("at", 0)) > REPLAY_WAIT or time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 return None
+            if now >= look:
+                if await self._abandoned(record):
+                    return None
+                look = now + LIVENESS_LOOK
             await asyncio.sleep(REPLAY_POLL)
 
     # -- after a committed turn ---------------------------------------------------------------
@@ -606,11 +635,10 @@ def _made_id(attempt: str | None) -> str | None:
     return None if attempt is None else hashlib.blake2b(attempt.encode(), digest_size=8).hexdigest()
 
 
-async def _look_up(claim: str | None, key: str | None, session_id: str | None,
+async def _look_up(claim: str | None, running: dict[str, Any] | None, key: str | None, session_id: str | None,
                    records: RecordOps) -> tuple[dict[str, Any] | None, bool]:
-    """TurnIndex._look_up's reads (and the claim). Awaits nothing but `records` (in_one_call)."""
-    if claim is not None:
-        running = {"running": True, "at": time.time()}
+    """TurnIndex._look_up's reads (and the claim, `running`). Awaits nothing but `records` (in_one_call)."""
+    if claim is not None and running is not None:
         if not await _put_text(records, claim, _flat_text(running), None):
             await records.put_record(claim, running)
     record = None if key is None else await records.get_record(key)

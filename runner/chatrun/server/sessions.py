@@ -32,6 +32,7 @@ from chatrun.models import ModelPool
 from chatrun.server import wire
 from chatrun.server.auth import Principal, template_principal
 from chatrun.server.bundles import BundlePolicy
+from chatrun.server.liveness import Liveness
 from chatrun.server.session_cache import CacheLimits, Hold, SessionCache, Slot
 from chatrun.server.session_gate import IF_BUSY, QUEUE, REJECT, SessionGate
 from chatrun.server.session_open import (
@@ -114,6 +115,8 @@ class SessionRegistry:
         self.log_content = False  # the turn log line carries the user's message and the replies
         self.cache = SessionCache(CacheLimits(settings.cache_size, settings.cache_bytes, settings.cache_idle))
         self.gate = SessionGate(self.store, settings.lease, settings.if_busy)
+        # This process's incarnation, which a /v1 claim names, and its lease on a shared store.
+        self.liveness = Liveness(self.store, settings.lease)
         self.writes = SessionWrites(self.store, self.cache)
         # Where attached files live, beside the store (None: a store that keeps none).
         self.blobs: BlobArea | None = blobs_of(self.store)
