@@ -65,7 +65,7 @@ from chatrun.engine.tools import (
     plan_route,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
-from chatrun.errors import ModelError, TurnFailed
+from chatrun.errors import MessageTooLong, ModelError, TurnFailed
 from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory, TokenWindowMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
@@ -111,6 +111,26 @@ class RouteRun:
     # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
     knowledge: list[Message] = field(default_factory=list)
     cited: list[Hit] = field(default_factory=list)
+    # The user's message this route's memory was given at its start: the first request must send it
+    # (`sent_whole`); later calls of the loop may have evicted it for the tool calls and results.
+    said: Message | None = None
+
+
+def sent_whole(run: RouteRun, messages: list[Message]) -> None:
+    """The route's first request holds the user's message, else MessageTooLong: a message larger than
+    the whole window was evicted on its own, and the model would answer what it never read."""
+    said, run.said = run.said, None  # checked once: later calls may have evicted it for tool results
+    if any(message is said for message in messages):
+        return
+    memory, where = run.memory, f"route {run.route.name} ({run.route.where})"
+    if isinstance(memory, TokenWindowMemory):
+        size = f"{memory.counter(said)} tokens" if said is not None else "too large"
+        room = f"its memory holds {memory.max_tokens} tokens (max_tokens, with the system prompt)"
+    else:
+        size, room = "one message", f"its memory keeps no room for it beside the system prompt ({type(memory).__name__})"
+    raise MessageTooLong(f"{where}: the user's message is {size} and {room}, so it was not sent to the model. "
+                         "Give the route's memory a larger maximum, or an input guardrail of max_chars to cut "
+                         "long messages (docs/guardrails.md)")
 
 
 class Turn:
@@ -194,11 +214,13 @@ class Turn:
         route = self.t.config.routes[scope.route]
         memory = self.t.c.memory_for(scope, route.name)
         memory_id = scope.memory_id(route.name)
+        said = None
         if memory_id not in self.t.user_given:
             self.t.user_given.add(memory_id)
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
-                memory.add(UserMessage(user_text or "", self.t.attachments))
+                said = UserMessage(user_text or "", self.t.attachments)
+                memory.add(said)
         plan = self.t.tools.plans.get(route.name)
         if plan is None or plan.route is not route:  # a route the loaded bot does not hold as it is
             plan = plan_route(self.t.config, route)
@@ -208,7 +230,8 @@ class Turn:
         return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
-                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [])
+                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [],
+                        said=said)
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -269,6 +292,8 @@ class Turn:
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
+        if run.said is not None:
+            sent_whole(run, request.messages)
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
