@@ -541,9 +541,7 @@ class Turn:
         answer = AssistantMessage(response.text)
         self.account(request.route, used.name, response.usage, self.t.config.prices.get(used.name),
                      request.messages, answer, used.provider, switches=switches)
-        if not (response.text or "").strip():
-            raise ModelError("the summarizing call answered no text")
-        return (response.text or "").strip()
+        return summary_answer(response, used, "the memory's summary_model")
 
     async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None
                          ) -> tuple[ModelResponse, ModelConfig, list[Switch]]:
@@ -631,6 +629,18 @@ def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
             lines.append(f"{message.role}: {text}")
     return "\n".join(lines)
 
+
+
+def summary_answer(response: ModelResponse, used: ModelConfig, whose: str) -> str:
+    """A summarizing call's text, else ModelError: it answered none, or it was cut off at its length
+    limit (the start of a summary, without its end: taking it would lose what it was to keep)."""
+    text = (response.text or "").strip()
+    if not text:
+        raise ModelError("the summarizing call answered no text")
+    if response.finish_reason == "length":
+        raise ModelError(f"the summarizing call was cut off at its length limit ({_max_tokens(used)}), so its "
+                         f"summary lacks its end; give {whose} a larger max_tokens")
+    return text
 
 
 def _max_tokens(model: ModelConfig) -> str:
