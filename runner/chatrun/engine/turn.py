@@ -125,7 +125,8 @@ def sent_whole(run: RouteRun, messages: list[Message]) -> None:
     memory, where = run.memory, f"route {run.route.name} ({run.route.where})"
     if isinstance(memory, TokenWindowMemory):
         size = f"{memory.counter(said)} tokens" if said is not None else "too large"
-        room = f"its memory holds {memory.max_tokens} tokens (max_tokens, with the system prompt)"
+        system = sum(memory.counter(m) for m in messages[:1] if isinstance(m, SystemMessage))
+        room = f"its memory holds {memory.max_tokens} tokens (max_tokens), the system prompt's {system} included"
     else:
         size, room = "one message", f"its memory keeps no room for it beside the system prompt ({type(memory).__name__})"
     raise MessageTooLong(f"{where}: the user's message is {size} and {room}, so it was not sent to the model. "
