@@ -62,3 +62,35 @@ def test_a_message_that_fits_is_sent_whole_and_the_window_evicts_older_ones(fake
     session.chat(DOCUMENT)
     assert fake.requests[-1]["messages"][-1] == {"role": "user", "content": DOCUMENT}
 
+
+
+CONFIRM_BOT = """
+name: payer
+model: {provider: openai, name: gpt-4o, max_retries: 0}
+routes:
+  main:
+    default: true
+    system: Send money when asked.
+    memory: {type: token_window, max_tokens: 1000}
+    tools: [send_money]
+tools:
+  send_money:
+    description: Send money to someone
+    parameters: {type: object, properties: {to: {type: string}}, required: [to]}
+    confirm: "Send money to {{ args.to }}?"
+    action: {reply: Sent.}
+"""
+
+
+def test_a_message_larger_than_the_window_answering_a_confirmation_is_refused_too(fake, write_bot):
+    """Neither yes nor no, the user's message declines the call and the model reads it after the
+    call's result: a document larger than the window would evict the call, its result and itself."""
+    session = chatrun.load_bot(write_bot(CONFIRM_BOT)).session()
+    fake.queue({"tool_calls": [{"name": "send_money", "arguments": {"to": "Ana"}}]})
+    session.chat("Send Ana some money")
+    assert [item.kind for item in session.pending] == ["approval"]
+    kept = session.memory()
+    events = session.chat(DOCUMENT)
+    assert len(fake.requests) == 1
+    assert [e.data for e in events if e.type == "Error"] == [BUILTIN["en"]["message_too_long"]]
+    assert session.memory() == kept and [item.kind for item in session.pending] == ["approval"]

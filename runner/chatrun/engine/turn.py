@@ -111,20 +111,17 @@ class RouteRun:
     # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
     knowledge: list[Message] = field(default_factory=list)
     cited: list[Hit] = field(default_factory=list)
-    # The user's message this route's memory was given at its start: the first request must send it
-    # (`sent_whole`); later calls of the loop may have evicted it for the tool calls and results.
-    said: Message | None = None
 
 
-def sent_whole(run: RouteRun, messages: list[Message]) -> None:
-    """The route's first request holds the user's message, else MessageTooLong: a message larger than
-    the whole window was evicted on its own, and the model would answer what it never read."""
-    said, run.said = run.said, None  # checked once: later calls may have evicted it for tool results
+def sent_whole(run: RouteRun, said: Message, messages: list[Message]) -> None:
+    """The first request after the user's message joined the memory holds it, else MessageTooLong: a
+    message larger than the whole window was evicted on its own, and the model would answer what it
+    never read."""
     if any(message is said for message in messages):
         return
     memory, where = run.memory, f"route {run.route.name} ({run.route.where})"
     if isinstance(memory, TokenWindowMemory):
-        size = f"{memory.counter(said)} tokens" if said is not None else "too large"
+        size = f"{memory.counter(said)} tokens"
         system = sum(memory.counter(m) for m in messages[:1] if isinstance(m, SystemMessage))
         room = f"its memory holds {memory.max_tokens} tokens (max_tokens), the system prompt's {system} included"
     else:
@@ -215,13 +212,11 @@ class Turn:
         route = self.t.config.routes[scope.route]
         memory = self.t.c.memory_for(scope, route.name)
         memory_id = scope.memory_id(route.name)
-        said = None
         if memory_id not in self.t.user_given:
             self.t.user_given.add(memory_id)
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
-                said = UserMessage(user_text or "", self.t.attachments)
-                memory.add(said)
+                self.t.give(memory, user_text)
         plan = self.t.tools.plans.get(route.name)
         if plan is None or plan.route is not route:  # a route the loaded bot does not hold as it is
             plan = plan_route(self.t.config, route)
@@ -231,8 +226,7 @@ class Turn:
         return RouteRun(route, memory, offered, specs, plan.model, plan,
                         route.returns == "answer" and scope.caller is not None,
                         tool_choice=sendable_tool_choice(route.tool_choice, offered),
-                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [],
-                        said=said)
+                        knowledge=await grounding.retrieved(self.t, route, self.guard) if route.knowledge else [])
 
     async def model_step(self, run: RouteRun) -> NextStep:
         """One model call on the route and what follows from its answer."""
@@ -293,8 +287,9 @@ class Turn:
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
-        if run.said is not None:
-            sent_whole(run, request.messages)
+        if self.t.given is not None and self.t.given[0] is run.memory:
+            sent_whole(run, self.t.given[1], request.messages)
+            self.t.given = None  # checked once: later calls may have evicted it for tool results
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
