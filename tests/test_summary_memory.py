@@ -205,3 +205,21 @@ def test_a_summary_cut_off_at_its_length_limit_is_refused_and_the_memory_kept(fa
     assert session.memory()[: len(before)] == before
     session.chat("three")
     assert session.memory()[1] == SummaryMessage("S: the user said one, two and three.")
+
+
+def test_a_summarizer_that_stalls_times_out_as_a_failed_summary_and_the_turn_commits(fake, write_bot):
+    """A summarizing call that answers too late (10 s) holds the turn (and the session's next message) no
+    longer than the summary model's `timeout:`: then it is a failed summary, the turn commits."""
+    long = " ".join(["word"] * 30)
+    fake.queue({"text": "a " + long}, {"text": "b " + long}, {"delay": 10, "text": "S: too late."},
+               {"text": "c"}, {"text": "S: one and two."})
+    bot = BOT.replace("provider: scripted", "provider: openai").replace(
+        "summary_model: {name: cheap-model}", "summary_model: {name: cheap-model, timeout: 0.5, max_retries: 0}")
+    session = chatrun.load_bot(write_bot(bot)).session()
+    session.chat("one")
+    events = session.chat("two")
+    assert [e.data for e in events if e.type == "Message"] == ["b " + long] and session.last_turn["ok"]
+    [failure] = session.last_turn["summaries"]
+    assert "timed out after 0.5 s (model.timeout)" in failure["failed"]
+    session.chat("three")
+    assert session.memory()[1] == SummaryMessage("S: one and two.")
