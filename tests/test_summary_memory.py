@@ -183,3 +183,43 @@ def test_a_running_summary_is_stored_redacted_by_a_storage_guard(write_bot, tmp_
     store.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("s.db*"))
     assert b"S1: the user's card is [card]." in stored and not card_leaked(stored)
+
+
+def test_a_summary_cut_off_at_its_length_limit_is_refused_and_the_memory_kept(fake, write_bot):
+    """A summarizing call that stops at its `max_tokens` (`finish_reason: length`) answered the start
+    of a summary: taking it would replace the folded messages by a note that lost their end, the
+    newest of them. It is a failed summary, named as such; the messages stay, the next turn retries."""
+    long = " ".join(["word"] * 30)
+    fake.queue({"text": "a " + long}, {"text": "b " + long},
+               {"text": "S: the user said one", "finish_reason": "length"},
+               {"text": "c " + long}, {"text": "S: the user said one, two and three."})
+    path = write_bot(BOT.replace("provider: scripted", "provider: openai"))
+    session = chatrun.load_bot(path).session()
+    session.chat("one")
+    before = session.memory()
+    session.chat("two")
+    assert session.last_turn["ok"]
+    [failure] = session.last_turn["summaries"]
+    assert "cut off" in failure["failed"] and "max_tokens" in failure["failed"]
+    assert not any(isinstance(m, SummaryMessage) for m in session.memory())
+    assert session.memory()[: len(before)] == before
+    session.chat("three")
+    assert session.memory()[1] == SummaryMessage("S: the user said one, two and three.")
+
+
+def test_a_summarizer_that_stalls_times_out_as_a_failed_summary_and_the_turn_commits(fake, write_bot):
+    """A summarizing call that answers too late (10 s) holds the turn (and the session's next message) no
+    longer than the summary model's `timeout:`: then it is a failed summary, the turn commits."""
+    long = " ".join(["word"] * 30)
+    fake.queue({"text": "a " + long}, {"text": "b " + long}, {"delay": 10, "text": "S: too late."},
+               {"text": "c"}, {"text": "S: one and two."})
+    bot = BOT.replace("provider: scripted", "provider: openai").replace(
+        "summary_model: {name: cheap-model}", "summary_model: {name: cheap-model, timeout: 0.5, max_retries: 0}")
+    session = chatrun.load_bot(write_bot(bot)).session()
+    session.chat("one")
+    events = session.chat("two")
+    assert [e.data for e in events if e.type == "Message"] == ["b " + long] and session.last_turn["ok"]
+    [failure] = session.last_turn["summaries"]
+    assert "timed out after 0.5 s (model.timeout)" in failure["failed"]
+    session.chat("three")
+    assert session.memory()[1] == SummaryMessage("S: one and two.")

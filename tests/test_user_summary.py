@@ -103,6 +103,23 @@ def test_a_failing_summary_call_keeps_the_turn_the_facts_and_the_earlier_summary
     assert (kept["summary"]["value"], kept["seat"]["value"]) == ("Ana was here.", "aisle")
 
 
+def test_a_summary_cut_off_at_its_length_limit_keeps_the_note_kept_before(fake, write_bot, tmp_path):
+    """The call that writes the new note is given the note kept so far: an answer cut off at its
+    `max_tokens` is the start of a note, and taking it would drop what the old note ended with."""
+    bot = chatrun.load_bot(write_bot(bot_text()))
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    fake.queue(BYE, {"text": "Ana likes aisle seats and late check-outs."})
+    bot.session(store=store, principal=ANA).chat("Bye")
+    fake.queue(BYE, {"text": "Ana likes aisle", "finish_reason": "length"})
+    session = bot.session(store=store, principal=ANA)
+    session.chat("Bye again")
+    assert session.ended is not None and session.last_turn["ok"] is True
+    [failed] = session.last_turn["summaries"]
+    assert "cut off at its length limit" in failed["failed"] and "route desk's model" in failed["failed"]
+    kept = store.get_record(user_memory_key("concierge", "ana"))["facts"]
+    assert kept["summary"]["value"] == "Ana likes aisle seats and late check-outs."
+
+
 def test_written_once_at_the_first_of_end_and_outcome(fake, write_bot, tmp_path):
     outcomes = "outcomes:\n  seat_noted: {event: SeatNoted}\n"
     bot = chatrun.load_bot(write_bot(bot_text("[end, outcome]", outcomes)))

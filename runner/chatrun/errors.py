@@ -118,6 +118,14 @@ class TurnFailed(ChatrunError):
     """The turn cannot complete; the session is restored and the message becomes an Error event."""
 
 
+class MessageTooLong(TurnFailed):
+    """The user's message alone is more than the route's memory holds: the window would evict it and
+    send the model the conversation without it. It is sent nowhere; the user reads the page text
+    `page_text` (in the session's locale), the author the message naming the route and the sizes."""
+
+    page_text = "message_too_long"
+
+
 class ToolRefusal(ChatrunError):
     """A tool call that cannot run; the message is the tool result the model reads."""
 

@@ -109,6 +109,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "failed_kept_out": "Your message is not back in the box: sending it again would run {tools} again.",
         # A failed turn in which a tool that may change something ran (engine/session.py _failed_text).
         "failed_after_effect": "Sorry, your last message could not be handled and was not saved, but {tools} ran: please check what it did before asking again.",
+        # A message larger than the route's whole memory (engine/turn.py sent_whole): no model reads it.
+        "message_too_long": "Sorry, your message is too long for me to read. Nothing of it was kept; please shorten it or send it in parts.",
         "unreadable": "cannot read {name}",
         # A messaging platform's user whose files are not taken (server/channels/door.py): no turn runs.
         "channel_no_files": "Sorry, I cannot take files here. Please send your message as text.",
@@ -302,6 +304,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "failed_turn": "Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "failed_kept_out": "Ihre Nachricht steht nicht wieder im Eingabefeld: Erneutes Senden würde {tools} noch einmal ausführen.",
         "failed_after_effect": "Entschuldigung, Ihre letzte Nachricht konnte nicht bearbeitet werden und wurde nicht gespeichert, aber {tools} wurde ausgeführt: Bitte prüfen Sie das Ergebnis, bevor Sie erneut fragen.",
+        "message_too_long": "Entschuldigung, Ihre Nachricht ist zu lang für mich. Nichts davon wurde gespeichert; bitte kürzen Sie sie oder senden Sie sie in Teilen.",
         "unreadable": "{name} kann nicht gelesen werden",
         "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
         "channel_file_refused": "Leider kann ich diese Datei nicht annehmen. Ich nehme {kinds}-Dateien bis {size} an, "
@@ -486,6 +489,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "failed_turn": "رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "failed_kept_out": "لم تُعَد رسالتك إلى مربع الكتابة: إرسالها مرة أخرى سيُنفِّذ {tools} مجددًا.",
         "failed_after_effect": "عذرًا، تعذّرت معالجة رسالتك الأخيرة ولم تُحفظ، لكن {tools} نُفِّذ: يُرجى التحقق مما حدث قبل أن تطلب مرة أخرى.",
+        "message_too_long": "عذرًا، رسالتك أطول من أن أقرأها. لم يُحفظ شيء منها؛ يُرجى اختصارها أو إرسالها على أجزاء.",
         "unreadable": "تعذّرت قراءة {name}",
         "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",
         "channel_file_refused": "عذرًا، لا يمكنني استلام هذا الملف. أستلم ملفات {kinds} بحجم أقصاه {size}، "

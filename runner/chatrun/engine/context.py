@@ -23,7 +23,8 @@ from chatrun.engine.pending import Decision
 from chatrun.engine.scopes import set_path
 from chatrun.engine.tools import Toolbox, ToolMocks
 from chatrun.errors import ChatrunError, TurnFailed
-from chatrun.messages import Attachment, UserMessage
+from chatrun.memory import ChatMemory
+from chatrun.messages import Attachment, Message, UserMessage
 from chatrun.store.blobs import BlobArea
 
 Emit = Callable[..., None]  # (type, data, runtime=False, audience=None, multi=False)
@@ -75,10 +76,20 @@ class TurnContext:
         # Memories that have this turn's user message, or resume a call without it: a route run
         # again in the same turn (pop + execute, a route change back) does not get it twice.
         self.user_given: set[str] = set()
+        # The memory last given the user's message and that message, until a request of that memory
+        # is made: it must hold the message (engine/turn.py `sent_whole`).
+        self.given: tuple[ChatMemory, Message] | None = None
         self.ended: str | None = None  # the tool that ended the conversation
         self.decision = decision  # the input of a decision turn (Approve, Answer, Expire, ...), else None
         self.decision_info: dict[str, Any] | None = None  # `decision` in templates while one applies
         self.paused = False  # a call of this turn waits (approval, question, operator)
+
+    def give(self, memory: ChatMemory, text: str | None) -> None:
+        """The user's message (`text` and the turn's files) into `memory`, kept in `given` so the next
+        request of that memory is checked to hold it (a window evicts a message larger than itself)."""
+        message = UserMessage(text or "", self.attachments)
+        memory.add(message)
+        self.given = (memory, message)
 
     def emit(self, event_type: str, data: Any, *args: Any, **kwargs: Any) -> None:
         """Send one of the turn's events (as `Emit`), noting whether the user got something."""

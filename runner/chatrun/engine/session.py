@@ -811,7 +811,7 @@ class Session:
             self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn,
                        ev.MODEL_FAILED_TEXT)
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
-            self._fail(before, entry, collected, str(exc), turn)
+            self._fail(before, entry, collected, str(exc), turn, self._told(exc))
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
             self._log_internal(exc, turn.kept_text(detail))
@@ -885,6 +885,12 @@ class Session:
         tools = self.bot.config.tools  # an action-only tool (no kind) changed the conversation only: undone
         return list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
                                   if tools[e["tool"]].kinds))
+
+    def _told(self, exc: ChatrunError) -> str:
+        """What the user reads of a failed turn: the error's own page text (MessageTooLong's, in the
+        session's locale) where it has one, else that something went wrong."""
+        key = getattr(exc, "page_text", None)
+        return said(page_texts(self.bot.config.catalogs, self.locale), key) if key else ev.TURN_FAILED_TEXT
 
     def _failed_text(self, text: str, ran: list[str]) -> str:
         """What the user is told of a failed turn: `text` ("nothing was kept") when no tool with an

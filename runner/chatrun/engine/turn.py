@@ -65,7 +65,7 @@ from chatrun.engine.tools import (
     plan_route,
 )
 from chatrun.engine.usage import Usage, call_usage, check_budgets
-from chatrun.errors import ModelError, TurnFailed
+from chatrun.errors import MessageTooLong, ModelError, TurnFailed
 from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory, TokenWindowMemory
 from chatrun.memory.tokens import TokenCounter, pinned_counter, tiktoken_counter
@@ -111,6 +111,24 @@ class RouteRun:
     # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
     knowledge: list[Message] = field(default_factory=list)
     cited: list[Hit] = field(default_factory=list)
+
+
+def sent_whole(run: RouteRun, said: Message, messages: list[Message]) -> None:
+    """The first request after the user's message joined the memory holds it, else MessageTooLong: a
+    message larger than the whole window was evicted on its own, and the model would answer what it
+    never read."""
+    if any(message is said for message in messages):
+        return
+    memory, where = run.memory, f"route {run.route.name} ({run.route.where})"
+    if isinstance(memory, TokenWindowMemory):
+        size = f"{memory.counter(said)} tokens"
+        system = sum(memory.counter(m) for m in messages[:1] if isinstance(m, SystemMessage))
+        room = f"its memory holds {memory.max_tokens} tokens (max_tokens), the system prompt's {system} included"
+    else:
+        size, room = "one message", f"its memory keeps no room for it beside the system prompt ({type(memory).__name__})"
+    raise MessageTooLong(f"{where}: the user's message is {size} and {room}, so it was not sent to the model. "
+                         "Give the route's memory a larger maximum, or an input guardrail of max_chars to cut "
+                         "long messages (docs/guardrails.md)")
 
 
 class Turn:
@@ -198,7 +216,7 @@ class Turn:
             self.t.user_given.add(memory_id)
             user_text = self.t.render_user(route)  # the system prompt goes first anyway: memories keep it first
             if user_text or self.t.attachments:  # files alone are a message too (a photo, no words)
-                memory.add(UserMessage(user_text or "", self.t.attachments))
+                self.t.give(memory, user_text)
         plan = self.t.tools.plans.get(route.name)
         if plan is None or plan.route is not route:  # a route the loaded bot does not hold as it is
             plan = plan_route(self.t.config, route)
@@ -269,6 +287,9 @@ class Turn:
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
+        if self.t.given is not None and self.t.given[0] is run.memory:
+            sent_whole(run, self.t.given[1], request.messages)
+            self.t.given = None  # checked once: later calls may have evicted it for tool results
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
@@ -516,9 +537,7 @@ class Turn:
         answer = AssistantMessage(response.text)
         self.account(request.route, used.name, response.usage, self.t.config.prices.get(used.name),
                      request.messages, answer, used.provider, switches=switches)
-        if not (response.text or "").strip():
-            raise ModelError("the summarizing call answered no text")
-        return (response.text or "").strip()
+        return summary_answer(response, used, "the memory's summary_model")
 
     async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None
                          ) -> tuple[ModelResponse, ModelConfig, list[Switch]]:
@@ -606,6 +625,18 @@ def _fold_text(memory: SummaryMemory, folded: list[Message]) -> str:
             lines.append(f"{message.role}: {text}")
     return "\n".join(lines)
 
+
+
+def summary_answer(response: ModelResponse, used: ModelConfig, whose: str) -> str:
+    """A summarizing call's text, else ModelError: it answered none, or it was cut off at its length
+    limit (the start of a summary, without its end: taking it would lose what it was to keep)."""
+    text = (response.text or "").strip()
+    if not text:
+        raise ModelError("the summarizing call answered no text")
+    if response.finish_reason == "length":
+        raise ModelError(f"the summarizing call was cut off at its length limit ({_max_tokens(used)}), so its "
+                         f"summary lacks its end; give {whose} a larger max_tokens")
+    return text
 
 
 def _max_tokens(model: ModelConfig) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import SUMMARY_FACT, UserSummaryConfig
 from chatrun.engine import tracing
-from chatrun.errors import ModelError
+from chatrun.engine.turn import summary_answer
 from chatrun.messages import AssistantMessage, Message, SummaryMessage, SystemMessage, UserMessage
 from chatrun.models.base import ModelRequest
 
@@ -91,10 +91,7 @@ async def _call(turn: Turn, summary: UserSummaryConfig, before: Checkpoint) -> s
         tracing.record_answered_by(span, used.name, config.name)
     turn.account(request.route, used.name, response.usage, c.config.prices.get(used.name), request.messages,
                  AssistantMessage(response.text), used.provider, switches=switches)
-    text = (response.text or "").strip()
-    if not text:
-        raise ModelError("the summarizing call answered no text")
-    return text
+    return summary_answer(response, used, f"route {route}'s model")
 
 
 def conversation_text(c: Conversation, before: Checkpoint) -> str:

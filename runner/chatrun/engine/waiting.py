@@ -325,7 +325,7 @@ async def approval_by_message(calls: ToolCalls, item: PendingItem) -> NextStep:
     c = calls.t.c
     text = calls.t.render_user(c.route)
     if text or calls.t.attachments:  # after the call's result: the model reads it as the user's answer
-        _memory_of(calls, item).add(UserMessage(text or "", calls.t.attachments))
+        calls.t.give(_memory_of(calls, item), text)
     return step
 
 
