@@ -668,6 +668,26 @@ def test_token_window_from_the_context_size_minus_a_reply_reserve(write_bot):
     ]
 
 
+def test_a_message_window_of_one_beside_a_system_prompt_is_a_warning(write_bot):
+    """docs/memory.md: the system prompt counts as one of `max_messages`, and a user message the
+    memory cannot hold is refused as too long; a window of one keeps only the prompt."""
+    path = write_bot("""\
+        name: tiny
+        memory: {type: message_window, max_messages: 1}
+        routes:
+          main: {default: true, system: Hello., tools: [go]}
+          bare: {}
+          two: {system: Two., memory: {type: message_window, max_messages: 2}}
+        tools:
+          go: {description: Go, action: {push: bare}}
+        """)
+    _config, found = check_bot(path)
+    assert [(d.line, d.severity, d.message) for d in found if "max_messages" in d.message] == [
+        (2, "warning", "memory `max_messages: 1` of route `main` keeps only its system prompt, so every message of "
+                       "the user is refused as too long for the memory; keep at least 2 (the system prompt counts as one)"),
+    ]
+
+
 def test_entry_routes_and_what_they_lead_to_are_reachable(write_bot):
     text = """\
         name: pages

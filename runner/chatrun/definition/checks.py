@@ -157,6 +157,7 @@ class _Checker:
         self.on_change()
         self.encodings()
         self.context_windows()
+        self.message_windows()
         for route in self.config.routes.values():
             self.route_tools(route.name, route.tools)
             for field in ("system", "context", "user"):
@@ -345,6 +346,22 @@ class _Checker:
                 pos = doc.pos(path)
                 self.out.append(Diagnostic(doc.file, pos.line, pos.col, "error",
                                            f"memory `max_tokens` of route `{route.name}` {problem}", ".".join(path)))
+
+    def message_windows(self) -> None:
+        """A window of one message on a route with a system prompt keeps only the prompt: every
+        message of the user is refused as too long (engine/turn.py `sent_whole`)."""
+        for route in self.config.routes.values():
+            policy = self.config.route_memory(route.name)
+            if policy.type != "message_window" or policy.max_messages > 1 or not route.system:
+                continue
+            own = route.memory is not None
+            doc = self.src.doc_of("routes", route.name) if own else self.src.main
+            path = ("routes", route.name, "memory", "max_messages") if own else ("memory", "max_messages")
+            pos = doc.pos(path)
+            self.out.append(Diagnostic(doc.file, pos.line, pos.col, "warning",
+                                       f"memory `max_messages: 1` of route `{route.name}` keeps only its system "
+                                       "prompt, so every message of the user is refused as too long for the memory; "
+                                       "keep at least 2 (the system prompt counts as one)", ".".join(path)))
 
     def _where(self, kind: str, name: str, *sub: Any) -> str:
         file, pos = self.src.at(kind, name, *sub)
