@@ -223,6 +223,25 @@ def test_a_regenerated_first_answer_in_a_front_ends_chat_forks_from_the_chats_st
                 assert len(keys) == 4 and keys[0] == keys[1] != keys[2] == keys[3]
 
 
+def test_the_same_first_message_sent_twice_at_once_is_two_conversations(fake, shop, redis_server, tmp_path):
+    """A double submit: the same first message twice at the same moment (not a retry: no key, no
+    retry count) is two conversations, as the same message sent later is, never a 409 for one of
+    them (a new session's id is made from the request, `_made_id`: the second finds it taken)."""
+    bot, _ = shop
+    fake.responder = lambda body: {"text": "Hello.", "delay": 0.5}
+    for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
+        one, two = replicas(bot, store)
+        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
+            def hello(_: int) -> str:
+                reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "hello"}])
+                assert reply.model_extra["chatrun"]["how"] == "new"
+                return reply.model_extra["chatrun"]["session"]
+
+            with ThreadPoolExecutor(3) as pool:
+                sessions = list(pool.map(hello, range(3)))
+        assert len(set(sessions)) == 3
+
+
 def test_a_failed_attempt_is_run_again_by_its_retry(fake, shop, redis_server):
     bot, receiver = shop
     fake.queue({"status": 500, "body": "down"}, {"text": "Hello."})

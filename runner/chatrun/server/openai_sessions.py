@@ -42,6 +42,7 @@ this process did not write it last for the same live session (`_Recorded.listed`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -374,16 +375,34 @@ class TurnIndex:
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
+        async with self._first_turn(ident, who, attempt) as opened:
+            yield opened
+
+    @asynccontextmanager
+    async def _first_turn(self, ident: Identity, who: Principal | None, attempt: str | None) -> AsyncIterator[Opened]:
+        """The session of a request that continues nothing: the one an earlier attempt of it made
+        and left without a turn (it failed, or its replica died), else a new one — under the id
+        its attempt key makes (`_made_id`), unless that session is taken: the same first message
+        sent again by its user, or at the same moment (a double submit), is a conversation of its own."""
         made, taken = _made_id(attempt), False
         for earlier in (await self._failed_attempts_session(attempt), made):
             if earlier is not None and await self.records.version(earlier) is not None:
-                async with registry.session(ident.bot, earlier, who, EXISTING) as session:
+                async with self.registry.session(ident.bot, earlier, who, EXISTING) as session:
                     if not session.turn_count:  # nothing committed: the turn an earlier attempt did not finish
                         yield Opened(session, NEW_SESSION)
                         return
-                taken = taken or earlier == made  # the same first message sent again by its user: a new one
-        session_id = made if made is not None and not taken else secrets.token_hex(8)
-        async with self._new(ident, who, session_id, await self._chat_started(ident, who)) as opened:
+                taken = taken or earlier == made
+        started = await self._chat_started(ident, who)
+        async with contextlib.AsyncExitStack() as stack:
+            opened = None
+            if made is not None and not taken:
+                try:
+                    opened = await stack.enter_async_context(self._new(ident, who, made, started))
+                except wire.RequestFailed as exc:
+                    if exc.reason != wire.SESSION_EXISTS:
+                        raise
+            if opened is None:
+                opened = await stack.enter_async_context(self._new(ident, who, secrets.token_hex(8), started))
             yield opened
 
     async def _chat_started(self, ident: Identity, who: Principal | None) -> dict[str, Any] | None:
