@@ -4,6 +4,7 @@ and a side-effecting `http:` tool whose calls a local receiver counts."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -223,6 +224,12 @@ def test_a_regenerated_first_answer_in_a_front_ends_chat_forks_from_the_chats_st
                 assert len(keys) == 4 and keys[0] == keys[1] != keys[2] == keys[3]
 
 
+def hello(client: openai.OpenAI) -> str:
+    reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "hello"}])
+    assert reply.model_extra["chatrun"]["how"] == "new"
+    return reply.model_extra["chatrun"]["session"]
+
+
 def test_the_same_first_message_sent_twice_at_once_is_two_conversations(fake, shop, redis_server, tmp_path):
     """A double submit: the same first message twice at the same moment (not a retry: no key, no
     retry count) is two conversations, as the same message sent later is, never a 409 for one of
@@ -230,15 +237,14 @@ def test_the_same_first_message_sent_twice_at_once_is_two_conversations(fake, sh
     bot, _ = shop
     fake.responder = lambda body: {"text": "Hello.", "delay": 0.5}
     for store in (redis_server.url(), f"sqlite:///{tmp_path}/shop.db"):
-        one, two = replicas(bot, store)
-        with one, two, sdk(Alternating([one.url, two.url]), timeout=30, retries=0) as client:
-            def hello(_: int) -> str:
-                reply = client.chat.completions.create(model="shop", messages=[{"role": "user", "content": "hello"}])
-                assert reply.model_extra["chatrun"]["how"] == "new"
-                return reply.model_extra["chatrun"]["session"]
-
+        # Two replicas on Redis; SQLite is served by one process (its leases are that process's).
+        served = replicas(bot, store) if store.startswith("redis") else (ThreadServer(create_app([bot], store)),)
+        with contextlib.ExitStack() as stack:
+            for server in served:
+                stack.enter_context(server)
+            client = stack.enter_context(sdk(Alternating([server.url for server in served]), timeout=30, retries=0))
             with ThreadPoolExecutor(3) as pool:
-                sessions = list(pool.map(hello, range(3)))
+                sessions = list(pool.map(hello, [client] * 3))
         assert len(set(sessions)) == 3
 
 
