@@ -26,6 +26,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "en": {
         "send": "Send",
         "placeholder": "Type a message…",
+        "message_label": "Message",
         "reset": "Reset",
         "reset_hint": "End this conversation and start a new one",
         "inspector": "Inspector",
@@ -217,6 +218,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "de": {
         "send": "Senden",
         "placeholder": "Nachricht eingeben…",
+        "message_label": "Nachricht",
         "reset": "Neu starten",
         "reset_hint": "Dieses Gespräch beenden und ein neues beginnen",
         "inspector": "Inspektor",
@@ -403,6 +405,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "ar": {
         "send": "إرسال",
         "placeholder": "اكتب رسالة…",
+        "message_label": "رسالة",
         "reset": "بدء من جديد",
         "reset_hint": "إنهاء هذه المحادثة وبدء محادثة جديدة",
         "inspector": "أداة الفحص",

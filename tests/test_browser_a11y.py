@@ -1,0 +1,84 @@
+"""The chat page for a screen reader, a keyboard and a reader who asked for less motion (WCAG 2.2
+AA basics): new replies, operator messages and errors are read out once from a polite live region,
+never the history a reload or a reconnect draws again; the controls are named in the session's
+language, Arabic mirrored (dir="rtl"); the Thinking dots stand still under prefers-reduced-motion.
+Real Chromium against the real server, the model played by the fake OpenAI server."""
+
+from __future__ import annotations
+
+import pytest
+
+import chatrun
+from browser_support import BROWSER_MARKS, chat_page, send, shot
+from chatrun.definition.page_texts import BUILTIN
+from chatrun.server import create_app
+from server_support import ThreadServer
+from test_browser_enduser import HOTELS
+
+pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
+
+LIVE = "(el) => el.getAttribute('aria-live') || ({log: 'polite', status: 'polite', alert: 'assertive'})[el.getAttribute('role')] || ''"
+
+
+def _server(tmp_path, locales: tuple[str, ...] = ()) -> ThreadServer:
+    folder = tmp_path / "hotels"
+    (folder / "locales").mkdir(parents=True)
+    extra = f"locales: [{', '.join(locales)}]\n" if locales else ""
+    (folder / "bot.yaml").write_text(HOTELS.replace("model:", extra + "model:", 1))
+    for locale in locales:
+        (folder / "locales" / f"{locale}.yaml").write_text("greeting: hi\n")
+    app = create_app([chatrun.load_bot(folder)], f"sqlite:///{tmp_path / 'chat.db'}")
+    return ThreadServer(app)
+
+
+def _announced(page) -> str:
+    return page.inner_text("#announce")
+
+
+def test_a_new_reply_is_read_out_once_and_a_reload_reads_out_no_history(fake, tmp_path):
+    with _server(tmp_path) as server, chat_page(server.url, width=390, height=640, path="/chat/hotels") as page:
+        # The chat is no live region: drawing the history again would read all of it out.
+        assert page.eval_on_selector("#messages", LIVE) == ""
+        assert page.eval_on_selector("#announce", LIVE) == "polite"
+        fake.queue({"text": "Room **12** is free."})
+        send(page, "A room for tonight?")
+        assert _announced(page) == "Room 12 is free."  # the reply, not the reader's own message
+        fake.queue({"status": 400})
+        send(page, "And breakfast?")
+        error = page.locator("#messages .error").last.inner_text()
+        assert error and _announced(page) == error  # the failed turn's note is read out too
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]", timeout=10_000)
+        page.wait_for_function("document.querySelectorAll('#messages .msg.bot').length === 1")
+        assert page.locator("#messages .error").count() >= 1  # the history is drawn again...
+        assert _announced(page) == ""  # ...and not read out
+
+
+def test_an_arabic_session_names_its_controls_in_arabic_right_to_left(fake, tmp_path):
+    texts = BUILTIN["ar"]
+    with _server(tmp_path, ("en", "ar")) as server, \
+            chat_page(server.url, width=390, height=640, locale="ar", path="/chat/hotels") as page:
+        page.wait_for_function("document.documentElement.lang === 'ar'", timeout=30_000)
+        assert page.evaluate("document.documentElement.dir") == "rtl"
+        tree = page.locator("body").aria_snapshot()
+        assert f'textbox "{texts["message_label"]}"' in tree, tree
+        assert f'region "{texts["chat_title"]}"' in tree, tree
+        assert f'button "{texts["send"]}"' in tree, tree
+        # Mirrored: the send button is left of the box, the box fills the row without spilling.
+        box = page.locator("#input").bounding_box()
+        button = page.locator("#send").bounding_box()
+        assert button["x"] + button["width"] <= box["x"]
+        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+        shot(page, "a11y-ar-390")
+
+
+@pytest.mark.parametrize("motion", ["reduce", "no-preference"])
+def test_the_thinking_dots_stand_still_for_a_reader_who_asked_for_less_motion(fake, tmp_path, motion):
+    with _server(tmp_path) as server, chat_page(server.url, path="/chat/hotels") as page:
+        page.emulate_media(reduced_motion=motion)
+        fake.queue({"text": "Done.", "delay": 30.0})
+        page.fill("#input", "A room?")
+        page.press("#input", "Enter")
+        page.wait_for_selector("#thinking", state="visible")
+        names = page.eval_on_selector_all("#thinking .dots i", "els => els.map((e) => getComputedStyle(e).animationName)")
+        assert names == (["none"] * 3 if motion == "reduce" else ["bounce"] * 3)
