@@ -347,3 +347,32 @@ def test_the_operator_page_speaks_the_bots_locale(german_server, width):
         shot(inbox, f"inbox-de-conversation-{width}")
         no_serious_violations(inbox, f"the German conversation at {width} px")
     assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.mark.slow
+def test_a_pushed_list_keeps_the_keyboards_row_and_reads_out_only_what_is_new(server):
+    """The list is drawn anew on each push: it is no live region (a screen reader would read all of
+    it again each time), a hidden polite one says the news, and the focused row keeps the focus."""
+    errors: list[str] = []
+    with chromium() as browser:
+        ana = waiting_customer(server, "ana", "human please, my parcel is two weeks late")
+        waiting_customer(server, "ben", "human please, the size is wrong")
+        inbox = open_page(browser, server, "/operator", "sam", 1280, errors)
+        inbox.wait_for_selector("body[data-channel=push]", timeout=30_000)
+        live = "(el) => el.getAttribute('aria-live') || ''"
+        assert inbox.eval_on_selector("#sessions", live) == ""
+        assert inbox.eval_on_selector("#op-announce", live) == "polite"
+        assert inbox.inner_text("#op-announce") == ""  # the first list is no news
+        row = inbox.locator(f".op-session[data-session='{ana}']")
+        for _ in range(30):  # by keyboard, from the top of the page
+            if inbox.evaluate("document.activeElement.dataset.session || ''") == ana:
+                break
+            inbox.keyboard.press("Tab")
+        assert inbox.evaluate("document.activeElement.dataset.session || ''") == ana, "Tab never reached the row"
+        post(server, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "Hello? Anyone there?"})
+        row.locator(".op-last", has_text="Hello? Anyone there?").wait_for(timeout=30_000)
+        assert inbox.evaluate("document.activeElement.dataset.session || ''") == ana
+        assert inbox.inner_text("#op-announce") == "ana · waiting: Hello? Anyone there?"
+        inbox.keyboard.press("Enter")  # the focused row still opens its conversation
+        inbox.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+    assert not errors, f"JavaScript errors: {errors}"

@@ -188,8 +188,19 @@
     return s.owner || tx("op_visitor", { id: String(s.session).slice(0, 6) });
   }
 
+  /** The list is drawn anew on every push or poll: the row (or "More") that had the keyboard's
+   * focus has it again, so an operator moving through the list is not sent back to the top. */
   function renderList(sessions, more) {
     const box = $("sessions");
+    const had = box.contains(document.activeElement) ? document.activeElement : null;
+    drawList(box, sessions, more);
+    if (!had) return;
+    const again = had.id ? $(had.id) : Array.from(box.querySelectorAll(".op-session"))
+      .find((row) => row.dataset.bot === had.dataset.bot && row.dataset.session === had.dataset.session);
+    if (again) again.focus({ preventScroll: true });
+  }
+
+  function drawList(box, sessions, more) {
     box.textContent = "";
     if (!sessions.length) box.appendChild(el("li", "op-none", tx("op_nobody")));
     for (const s of sessions) box.appendChild(renderRow(s));
@@ -281,10 +292,12 @@
     known = Object.assign(known || {}, now);
     if (!news.length) return;
     document.body.dataset.news = String(Number(document.body.dataset.news || 0) + news.length);
+    const s = news[0];
+    const title = news.length > 1 ? tx("op_note_more", { name: customer(s), count: news.length - 1 })
+      : tx("op_note_waiting", { name: customer(s) });
+    // Read out by a screen reader (the list itself is no live region: it is drawn anew each time).
+    $("op-announce").replaceChildren(el("p", "", title + ": " + lastLine(s)));
     if (prefs.notify && window.Notification && Notification.permission === "granted") {
-      const s = news[0];
-      const title = news.length > 1 ? tx("op_note_more", { name: customer(s), count: news.length - 1 })
-        : tx("op_note_waiting", { name: customer(s) });
       const note = new Notification(title,
         { body: lastLine(s), tag: "chatrun-inbox" });
       note.onclick = () => { window.focus(); openSession(s.bot, s.session, s.owner); note.close(); };
