@@ -64,6 +64,8 @@ def test_an_arabic_session_names_its_controls_in_arabic_right_to_left(fake, tmp_
         assert f'textbox "{texts["message_label"]}"' in tree, tree
         assert f'region "{texts["chat_title"]}"' in tree, tree
         assert f'button "{texts["send"]}"' in tree, tree
+        # The route titles' bar (shown on a wider screen), not the author's "Route stack".
+        assert page.get_attribute("#breadcrumb", "aria-label") == texts["breadcrumb"]
         # Mirrored: the send button is left of the box, the box fills the row without spilling.
         box = page.locator("#input").bounding_box()
         button = page.locator("#send").bounding_box()
