@@ -656,8 +656,8 @@ class _Checker:
                          f"{', '.join(WIDGET_LOGO_TYPES)}", "widget", "logo")
         ratio = contrast_with_white(widget.color)
         if ratio is not None and ratio < 4.5:
-            self.add("warning", f"`widget.color`: {widget.color} under white text (the launcher, the Send button, "
-                     f"the visitor's own messages) has a contrast of {ratio:.1f}:1, under the 4.5:1 readers need "
+            self.add("warning", f"`widget.color`: {widget.color} under white text (the launcher, the panel's header, "
+                     f"the Send button, the visitor's messages) has a contrast of {ratio:.1f}:1, under the 4.5:1 readers need "
                      "(WCAG AA); pick a darker colour, such as the default #2563eb (5.2:1)", "widget", "color")
         if widget.identity == "signed" and widget.secret_env not in os.environ:
             self.add("warning", f"`widget.identity` is `signed`, but the environment variable `{widget.secret_env}` "
