@@ -1,7 +1,8 @@
 """The chat page for a screen reader, a keyboard and a reader who asked for less motion (WCAG 2.2
-AA basics): new replies, operator messages and errors are read out once from a polite live region,
-never the history a reload or a reconnect draws again; the controls are named in the session's
-language, Arabic mirrored (dir="rtl"); the Thinking dots stand still under prefers-reduced-motion.
+AA basics): new replies, operator messages, errors and what a card asks are read out once from a polite live region,
+never the history a reload or a reconnect draws again; a choice and a card's Yes work by keyboard and
+leave the focus in the message box; the controls are named in the session's language, Arabic
+mirrored (dir="rtl"); the Thinking dots stand still under prefers-reduced-motion.
 Real Chromium against the real server, the model played by the fake OpenAI server."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import chatrun
 from browser_support import BROWSER_MARKS, chat_page, send, shot
 from chatrun.definition.page_texts import BUILTIN
 from chatrun.server import create_app
-from server_support import ThreadServer
+from server_support import ThreadServer, call
 from test_browser_enduser import HOTELS
 
 pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
@@ -84,3 +85,50 @@ def test_the_thinking_dots_stand_still_for_a_reader_who_asked_for_less_motion(fa
         page.wait_for_selector("#thinking", state="visible")
         names = page.eval_on_selector_all("#thinking .dots i", "els => els.map((e) => getComputedStyle(e).animationName)")
         assert names == (["none"] * 3 if motion == "reduce" else ["bounce"] * 3)
+
+
+DESK = """\
+name: desk
+model: {name: gpt-4o-mini}
+routes:
+  main:
+    default: true
+    system: You help hotel guests.
+    choices: [{label: Breakfast, value: breakfast}, {label: Late checkout, value: late}]
+    tools: [cancel]
+tools:
+  cancel:
+    description: Cancel the booking
+    confirm: Cancel booking 12?
+    action: {message: Booking 12 is cancelled.}
+"""
+
+
+def _active(page) -> str:
+    return page.evaluate("document.activeElement.id || document.activeElement.tagName")
+
+
+def test_a_choice_and_a_cards_yes_work_by_keyboard_and_the_card_reads_out_its_question_alone(fake, tmp_path):
+    (tmp_path / "bot.yaml").write_text(DESK)
+    app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as server, chat_page(server.url, width=390, height=640, path="/chat/desk") as page:
+        fake.queue({"text": "Welcome."})
+        send(page, "hi")
+        seen = int(page.get_attribute("body", "data-refreshes") or 0)
+        fake.queue({"text": "Breakfast is at 7."})
+        page.locator(".choices button", has_text="Breakfast").last.focus()
+        page.keyboard.press("Enter")  # the choice is sent, and disabled with its row
+        page.wait_for_function(f"Number(document.body.dataset.refreshes || 0) > {seen}")
+        page.wait_for_selector("#stop", state="hidden")  # the turn ended
+        assert _active(page) == "input"  # not the page's top, where a disabled button leaves it
+        assert "Breakfast is at 7." in _announced(page)
+        fake.queue(call("cancel"))
+        send(page, "cancel my booking")
+        yes = page.locator(".pending-card.for-user button:not([disabled])").first
+        yes.focus()
+        assert _announced(page) == "Cancel booking 12?"  # what the card asks was read out
+        fake.queue({"text": "Anything else?"})  # the model's word after the tool ran
+        page.keyboard.press("Enter")
+        page.locator(".msg.bot", has_text="Anything else?").wait_for(timeout=30_000)
+        page.wait_for_selector("#stop", state="hidden")
+        assert _active(page) == "input"

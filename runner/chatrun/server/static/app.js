@@ -622,7 +622,7 @@
     node.classList.add(mine ? "for-user" : "for-others");
     cards.set(item.id, node);
     add(node);
-    if (mine && !replayed) say(node.textContent);
+    if (mine && !replayed) say(item.ask); // what it asks; its buttons are found by Tab
   }
 
   function showResolved(resolved) {
