@@ -351,6 +351,7 @@
     current.routes = info ? info.graph.nodes.map((n) => n.name) : [];
     current.canned = canned.canned || [];
     await refreshSession();
+    if (current === open && $("op-detail-title")) focusDetail();
     refreshList();
   }
 
@@ -386,7 +387,8 @@
   function renderSession(data, inspect) {
     const box = $("detail");
     const typing = $("operator-input");
-    const draft = typing && box.dataset.session === data.id ? { text: typing.value, focused: document.activeElement === typing } : null;
+    const draft = typing && box.dataset.session === data.id ? typing.value : null;
+    const had = box.contains(document.activeElement) ? document.activeElement : null;
     const scroller = box.querySelector(".op-scroll");
     const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
     const asideOpen = box.classList.contains("aside-open");
@@ -410,20 +412,40 @@
     box.appendChild(renderInspector(data, inspect));
     if (atBottom) scroll.scrollTop = scroll.scrollHeight;
     const input = $("operator-input");
-    if (input && draft) {
-      input.value = draft.text;
-      if (draft.focused) input.focus();
-    }
+    if (input && draft) input.value = draft;
+    // Drawn anew: the control the keyboard was on has the focus again (else the conversation's name).
+    if (had) ((had.id && $(had.id)) || $("op-detail-title")).focus({ preventScroll: true });
+  }
+
+  /** The focus where the keyboard can go on from: the conversation's name once it is open, unless
+   * the control the keyboard is on is still shown (on a phone the list it was in is hidden). */
+  function focusDetail() {
+    const at = document.activeElement;
+    if (!at || at === document.body || !at.getClientRects().length) $("op-detail-title").focus({ preventScroll: true });
+  }
+
+  /** Back to the list (a phone's "‹ List"): the focus on the row of the conversation just left. */
+  function backToList() {
+    const left = open;
+    stopTyping();
+    open = null;
+    document.body.classList.remove("op-open");
+    const row = left && Array.from(document.querySelectorAll(".op-session"))
+      .find((r) => r.dataset.bot === left.bot && r.dataset.session === left.id);
+    if (row) row.focus({ preventScroll: true });
+    refreshList();
   }
 
   function renderHead(data) {
     const head = el("div", "op-detail-head");
     const back = el("button", "btn op-back", tx("op_back"));
     back.type = "button";
-    back.addEventListener("click", () => { stopTyping(); open = null; document.body.classList.remove("op-open"); refreshList(); });
+    back.addEventListener("click", backToList);
     head.appendChild(back);
     const title = el("div", "op-head-title");
-    title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
+    const name = title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
+    name.id = "op-detail-title";
+    name.tabIndex = -1; // focused when the conversation opens, so the keyboard and a screen reader start there
     title.appendChild(el("div", "op-sub", [data.bot, data.id, tx("op_on_route", { route: data.route }), turns(data.turn, data.locale)]
       .concat(data.locale ? [data.locale] : []).join(" · ")));
     head.appendChild(title);
@@ -572,6 +594,7 @@
       headers: { "Idempotency-Key": "operator-" + item + "-" + Date.now() },
     });
     await refreshSession();
+    if (current === open && $("op-detail-title")) focusDetail();
     refreshList();
   }
 
