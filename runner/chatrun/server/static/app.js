@@ -297,7 +297,8 @@
    * an error, a card that asks the reader; never the history a load or a reconnect draws again
    * (the chat itself is no live region). A new node each time, so a repeated text is said again. */
   function say(text) {
-    if (text) ui.announce.replaceChildren(el("p", "", text));
+    const words = String(text || "").trim();
+    if (words) ui.announce.replaceChildren(el("p", "", words));
   }
 
   const COPY_ICON = '<svg viewBox="0 0 24 24" aria-hidden="true" focusable="false"><rect x="8" y="8" width="12" height="12" rx="2" fill="none" stroke="currentColor" stroke-width="2"/><path d="M16 8V6a2 2 0 0 0-2-2H6a2 2 0 0 0-2 2v8a2 2 0 0 0 2 2h2" fill="none" stroke="currentColor" stroke-width="2"/></svg>';
@@ -840,7 +841,10 @@
   async function recoverLostTurn(lost) {
     const data = await replayHistory();
     const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
-    if (!(data.history || []).some(own)) giveBack(lost);
+    if (!(data.history || []).some(own)) return giveBack(lost);
+    // Its reply (or error) was drawn with the history, which is not read out: it is, as it would have been.
+    const last = Array.from(ui.messages.querySelectorAll(":scope > .msg.bot, :scope > .error")).pop();
+    if (last) say(last.classList.contains("error") ? last.textContent : last.querySelector(".msg-body").textContent);
   }
 
   /** A message the server has no record of (or whose fate could not be read), or whose turn
