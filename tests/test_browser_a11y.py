@@ -1,9 +1,10 @@
 """The chat page for a screen reader, a keyboard and a reader who asked for less motion (WCAG 2.2
-AA basics): new replies, operator messages, errors and what a card asks are read out once from a polite live region,
-never the history a reload or a reconnect draws again; a choice and a card's Yes work by keyboard and
-leave the focus in the message box; the controls are named in the session's language, Arabic
-mirrored (dir="rtl"); the Thinking dots stand still under prefers-reduced-motion.
-Real Chromium against the real server, the model played by the fake OpenAI server."""
+AA basics): new replies, operator messages, errors and what a card asks are read out once from a
+polite live region, never the history a reload or a reconnect draws again; a choice and a card's
+Yes work by keyboard and leave the focus in the message box; the controls are named in the
+session's language, Arabic mirrored (dir="rtl"); the Thinking dots stand still under
+prefers-reduced-motion. Real Chromium against the real server, the model played by the fake
+OpenAI server."""
 
 from __future__ import annotations
 
