@@ -133,3 +133,35 @@ def test_a_choice_and_a_cards_yes_work_by_keyboard_and_the_card_reads_out_its_qu
         page.locator(".msg.bot", has_text="Anything else?").wait_for(timeout=30_000)
         page.wait_for_selector("#stop", state="hidden")
         assert _active(page) == "input"
+
+
+# WCAG 2's contrast ratio of the focused control's ring (its outline, else its border) on what is
+# behind it: the first ancestor with a background.
+FOCUS_RING = """() => {
+  const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = (c) => { const [r, g, b] = parse(c).slice(0, 3).map((v) => v / 255)
+    .map((v) => (v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const behind = (el) => { for (let n = el.parentElement; n; n = n.parentElement) {
+    const c = getComputedStyle(n).backgroundColor; const p = parse(c); if (p.length === 3 || p[3] > 0) return c; }
+    return "rgb(255, 255, 255)"; };
+  const a = document.activeElement, s = getComputedStyle(a);
+  if (s.outlineStyle === "auto") return [a.id || a.className, 99];  // the browser's own two-tone ring
+  const ring = s.outlineStyle !== "none" ? s.outlineColor : s.borderTopColor;
+  const [x, y] = [lum(ring), lum(behind(a))].sort((p, q) => q - p);
+  return [a.id || a.className, (x + 0.05) / (y + 0.05)];
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_focus_ring_stands_out_three_to_one(fake, tmp_path, scheme):
+    with _server(tmp_path) as server, chat_page(server.url, path="/chat/hotels", color_scheme=scheme) as page:
+        fake.queue({"text": "Room **12** is free: [book it](https://example.com/book)."})
+        send(page, "A room?")
+        rings = {}
+        for _ in range(12):  # round the page once by keyboard
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement !== document.body"):
+                name, ratio = page.evaluate(FOCUS_RING)
+                rings[name] = ratio
+        assert {"theme", "reset", "input", "send"} <= set(rings), rings
+        assert all(ratio >= 3 for ratio in rings.values()), rings
