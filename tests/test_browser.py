@@ -340,6 +340,8 @@ def test_a_reply_the_server_committed_as_it_went_away_shows_once_after_the_recon
             tab.locator(".msg.bot", has_text="A slow reply.").wait_for(timeout=15_000)
             assert [m.inner_text() for m in tab.locator(".msg.user").all()] == ["hello"]
             assert tab.locator(".msg.bot", has_text="A slow reply.").count() == 1
+            # Drawn again with the history, which is not read out; the reply the reader waited for is.
+            tab.wait_for_function("document.getElementById('announce').textContent === 'A slow reply.'")
             assert tab.input_value("#input") == "" and tab.locator("#thinking").is_hidden()
         assert len(fake.requests) == 1
         assert not errors, errors
@@ -361,6 +363,7 @@ def test_a_turn_the_server_died_in_gives_the_message_back_once_reconnected(fake,
             restarted_mid_turn(tab, replica, fake)
             tab.locator("#messages .error", has_text="The connection was lost before the reply").wait_for(timeout=30_000)
             assert tab.input_value("#input") == "hello"
+            assert tab.inner_text("#announce").startswith("The connection was lost before the reply")  # read out
             assert tab.locator(".msg.user").count() == 0  # the server has no such message
             fake.queue({"text": "Hello again."})
             send(tab, tab.input_value("#input"))

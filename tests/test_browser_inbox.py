@@ -383,3 +383,68 @@ def test_an_operators_message_sent_again_after_a_lost_answer_reaches_the_user_on
                 if e["type"] == "Message" and e["data"] == "Checking your parcel now."]
         assert said == ["Checking your parcel now."]
     assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.mark.slow
+def test_a_pushed_list_keeps_the_keyboards_row_and_reads_out_only_what_is_new(server):
+    """The list is drawn anew on each push: it is no live region (a screen reader would read all of
+    it again each time), a hidden polite one says the news, and the focused row keeps the focus."""
+    errors: list[str] = []
+    with chromium() as browser:
+        ana = waiting_customer(server, "ana", "human please, my parcel is two weeks late")
+        waiting_customer(server, "ben", "human please, the size is wrong")
+        inbox = open_page(browser, server, "/operator", "sam", 1280, errors)
+        inbox.wait_for_selector("body[data-channel=push]", timeout=30_000)
+        live = "(el) => el.getAttribute('aria-live') || ''"
+        assert inbox.eval_on_selector("#sessions", live) == ""
+        assert inbox.eval_on_selector("#op-announce", live) == "polite"
+        assert inbox.inner_text("#op-announce") == ""  # the first list is no news
+        row = inbox.locator(f".op-session[data-session='{ana}']")
+        for _ in range(30):  # by keyboard, from the top of the page
+            if inbox.evaluate("document.activeElement.dataset.session || ''") == ana:
+                break
+            inbox.keyboard.press("Tab")
+        assert inbox.evaluate("document.activeElement.dataset.session || ''") == ana, "Tab never reached the row"
+        post(server, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "Hello? Anyone there?"})
+        row.locator(".op-last", has_text="Hello? Anyone there?").wait_for(timeout=30_000)
+        assert inbox.evaluate("document.activeElement.dataset.session || ''") == ana
+        assert inbox.inner_text("#op-announce") == "ana · waiting: Hello? Anyone there?"
+        inbox.keyboard.press("Enter")  # the focused row still opens its conversation
+        inbox.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def _tab_to(page: Any, test: str, back: bool = False) -> None:
+    """Press Tab (Shift+Tab when `back`) until `test` (JavaScript on document.activeElement, `a`) holds."""
+    for _ in range(40):
+        if page.evaluate(f"(a => Boolean({test}))(document.activeElement)"):
+            return
+        page.keyboard.press("Shift+Tab" if back else "Tab")
+    raise AssertionError(f"Tab never reached {test}")
+
+
+@pytest.mark.slow
+def test_on_a_phone_the_keyboard_goes_into_a_conversation_and_back_to_its_row(server):
+    """At 390 px the list and a conversation take turns on the screen: opening one by keyboard puts
+    the focus on its name (the row it was on is hidden), a redraw leaves it on its control, and
+    "‹ List" puts it back on the row."""
+    errors: list[str] = []
+    with chromium() as browser:
+        ana = waiting_customer(server, "ana", "human please, my parcel is two weeks late")
+        waiting_customer(server, "ben", "human please, the size is wrong")
+        inbox = open_page(browser, server, "/operator", "sam", 390, errors)
+        inbox.wait_for_selector("body[data-channel=push]", timeout=30_000)
+        _tab_to(inbox, f"a.dataset.session === '{ana}'")
+        inbox.keyboard.press("Enter")
+        inbox.wait_for_selector("#detail .op-detail-head", timeout=30_000)
+        inbox.wait_for_function("document.activeElement.id === 'op-detail-title'", timeout=30_000)
+        assert inbox.evaluate("document.activeElement.textContent") == "ana"
+        _tab_to(inbox, "a.id === 'take-over'")
+        post(server, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "Hello? Anyone there?"})
+        inbox.locator("#op-history", has_text="Hello? Anyone there?").wait_for(timeout=30_000)  # drawn anew
+        assert inbox.evaluate("document.activeElement.id") == "take-over"
+        _tab_to(inbox, "a.classList.contains('op-back')", back=True)
+        inbox.keyboard.press("Enter")
+        inbox.wait_for_selector(".op-list", state="visible")
+        assert inbox.evaluate("document.activeElement.dataset.session || ''") == ana
+    assert not errors, f"JavaScript errors: {errors}"

@@ -200,7 +200,7 @@ def test_the_widget_chats_on_another_origin_and_keeps_the_conversation(sites, fa
 
         async def held_reply(_body: Any) -> dict[str, Any]:
             await asyncio.get_running_loop().run_in_executor(None, closed.wait, 10)
-            return {"text": "Also Porto."}
+            return {"chunks": ["Also ", "Porto."], "chunk_delay": 0.05}  # streamed
 
         fake.responder = held_reply
         frame.locator("#input").fill("And?")
@@ -211,6 +211,9 @@ def test_the_widget_chats_on_another_origin_and_keeps_the_conversation(sites, fa
         page.locator("[data-chatrun-widget] >> .badge").wait_for(timeout=10_000)
         assert page.locator("[data-chatrun-widget] >> .badge").inner_text() == "1"
         assert launcher.get_attribute("aria-label") == "Open chat: Travel help (1 unread)"
+        # Read out on the host page by the launcher's live region: the reply's words, once complete.
+        page.wait_for_function("() => document.querySelector('[data-chatrun-widget]').shadowRoot"
+                               ".querySelector('[aria-live]').textContent === 'Travel help: Also Porto.'")
         shot(page, f"widget-unread-{width}")
         launcher.click()
         assert page.locator("[data-chatrun-widget] >> .badge").is_hidden()

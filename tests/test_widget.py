@@ -79,6 +79,16 @@ def test_origins_with_a_path_a_missing_logo_and_no_key_are_reported_at_their_lin
     assert (key.severity, key.line) == ("warning", 9) and "every visitor is refused" in key.message
 
 
+def test_a_widget_colour_too_light_for_white_text_is_a_warning_at_its_line(tmp_path):
+    (tmp_path / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    (tmp_path / "bot.yaml").write_text(BOT.replace('color: "#0b5fff"', 'color: "#ffd43b"'))
+    found = [d for d in check_bot(tmp_path / "bot.yaml")[1] if d.message.startswith("`widget.color`")]
+    assert [(d.severity, d.line) for d in found] == [("warning", 8)]
+    assert "a contrast of 1.4:1, under the 4.5:1" in found[0].message and "#2563eb" in found[0].message
+    (tmp_path / "bot.yaml").write_text(BOT)  # #0b5fff: 5.1:1
+    assert not [d for d in check_bot(tmp_path / "bot.yaml")[1] if "widget.color" in d.message]
+
+
 def test_the_config_is_given_to_a_declared_origin_only(client, caplog):
     answer = client.get("/widget/travel/config", headers={"Origin": SITE})
     assert answer.status_code == 200

@@ -92,6 +92,19 @@ def seconds_to_year_9999() -> float:
     return (datetime.max.replace(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
 
 
+
+def contrast_with_white(color: str) -> float | None:
+    """WCAG 2's contrast ratio of white on `color` (#rrggbb), or None for another form."""
+    if not re.fullmatch(r"#[0-9a-fA-F]{6}", color or ""):
+        return None
+
+    def linear(channel: str) -> float:
+        c = int(channel, 16) / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(color[i:i + 2]) for i in (1, 3, 5))
+    return 1.05 / (0.2126 * r + 0.7152 * g + 0.0722 * b + 0.05)
+
 class _Checker:
     def __init__(self, config: BotConfig, sources: Sources):
         self.config = config
@@ -658,6 +671,11 @@ class _Checker:
             elif os.path.splitext(logo)[1].lower() not in WIDGET_LOGO_TYPES:
                 self.add("error", f"`widget.logo`: {widget.logo!r} is not an image the widget shows; use "
                          f"{', '.join(WIDGET_LOGO_TYPES)}", "widget", "logo")
+        ratio = contrast_with_white(widget.color)
+        if ratio is not None and ratio < 4.5:
+            self.add("warning", f"`widget.color`: {widget.color} under white text (the launcher, the panel's header, "
+                     f"the Send button, the visitor's messages) has a contrast of {ratio:.1f}:1, under the 4.5:1 readers need "
+                     "(WCAG AA); pick a darker colour, such as the default #2563eb (5.2:1)", "widget", "color")
         if widget.identity == "signed" and widget.secret_env not in os.environ:
             self.add("warning", f"`widget.identity` is `signed`, but the environment variable `{widget.secret_env}` "
                      "(the key signed identities are checked with) is not set, so every visitor is refused; set it "

@@ -26,6 +26,8 @@ BUILTIN: dict[str, dict[str, str]] = {
     "en": {
         "send": "Send",
         "placeholder": "Type a message…",
+        "message_label": "Message",
+        "breadcrumb": "Where you are",
         "reset": "Reset",
         "reset_hint": "End this conversation and start a new one",
         "inspector": "Inspector",
@@ -219,6 +221,8 @@ BUILTIN: dict[str, dict[str, str]] = {
     "de": {
         "send": "Senden",
         "placeholder": "Nachricht eingeben…",
+        "message_label": "Nachricht",
+        "breadcrumb": "Wo Sie gerade sind",
         "reset": "Neu starten",
         "reset_hint": "Dieses Gespräch beenden und ein neues beginnen",
         "inspector": "Inspektor",
@@ -406,6 +410,8 @@ BUILTIN: dict[str, dict[str, str]] = {
     "ar": {
         "send": "إرسال",
         "placeholder": "اكتب رسالة…",
+        "message_label": "رسالة",
+        "breadcrumb": "أين أنت الآن",
         "reset": "بدء من جديد",
         "reset_hint": "إنهاء هذه المحادثة وبدء محادثة جديدة",
         "inspector": "أداة الفحص",

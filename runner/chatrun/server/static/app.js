@@ -39,7 +39,7 @@
 
   const ui = {
     messages: $("messages"), breadcrumb: $("breadcrumb"), thinking: $("thinking"),
-    thinkingText: $("thinking-text"), input: $("input"), send: $("send"), status: $("status"),
+    thinkingText: $("thinking-text"), input: $("input"), send: $("send"), status: $("status"), announce: $("announce"),
   };
   // The chat's end: every message goes in before it. While the reader is at the bottom it is the
   // browser's scroll anchor (app.css, .messages > .end), so a growing reply keeps the chat scrolled
@@ -283,11 +283,22 @@
       actions = bubble.appendChild(el("div", "msg-actions"));
       actions.appendChild(copyButton(bubble));
     }
+    if (!replayed && role !== "user") {
+      say(Array.from(bubble.children).filter((c) => c !== actions).map((c) => c.textContent).join(" "));
+    }
     bubble.dispatchEvent(new CustomEvent("chatrun:message", {
       bubbles: true,
       detail: { role: role, text: bubble.dataset.text || "", replayed: Boolean(replayed),
         turn: typeof turn === "number" ? turn : null, actions: actions },
     }));
+  }
+
+  /** Read out by a screen reader (the #announce region, polite): a new reply or operator message,
+   * an error, a card that asks the reader; never the history a load or a reconnect draws again
+   * (the chat itself is no live region). A new node each time, so a repeated text is said again. */
+  function say(text) {
+    const words = String(text || "").trim();
+    if (words) ui.announce.replaceChildren(el("p", "", words));
   }
 
   const COPY_ICON = '<svg viewBox="0 0 24 24" aria-hidden="true" focusable="false"><rect x="8" y="8" width="12" height="12" rx="2" fill="none" stroke="currentColor" stroke-width="2"/><path d="M16 8V6a2 2 0 0 0-2-2H6a2 2 0 0 0-2 2v8a2 2 0 0 0 2 2h2" fill="none" stroke="currentColor" stroke-width="2"/></svg>';
@@ -378,9 +389,10 @@
     ui.thinkingText.textContent = typeof text === "string" ? text : "Thinking…";
   }
 
-  function showError(text) {
+  function showError(text, replayed) {
     endStreaming();
-    add(el("div", "error", typeof text === "string" ? text : JSON.stringify(text)));
+    const node = add(el("div", "error", typeof text === "string" ? text : JSON.stringify(text)));
+    if (!replayed) say(node.textContent);
   }
 
   function showConsole(text) {
@@ -560,10 +572,10 @@
     ConversationEnded: () => showEnded(),
     Choices: (data, replayed) => showChoices(data, replayed),
     Message: (data, replayed, type, meta) => showMessageFrom(asText(data), meta || {}, replayed),
-    Pending: (data) => showPending(data),
+    Pending: (data, replayed) => showPending(data, replayed),
     Resolved: (data) => showResolved(data),
     Thinking: (data) => showThinking(data),
-    Error: (data) => showError(data),
+    Error: (data, replayed) => showError(data, replayed),
     Console: (data) => showConsole(data),
     RouteChanged: (data) => showRouteChange(data),
     Stream: () => undefined, // the history has the whole Message too
@@ -604,13 +616,14 @@
 
   /** A pending item as a card (pending.js): with controls when this user decides it, else a
    * "waiting" card that the Resolved event updates. */
-  function showPending(item) {
+  function showPending(item, replayed) {
     endStreaming();
     const mine = (item.by || []).includes("user");
     const node = ChatrunPending.card(item, { canDecide: mine, decide: (body) => decide(item.id, body) });
     node.classList.add(mine ? "for-user" : "for-others");
     cards.set(item.id, node);
     add(node);
+    if (mine && !replayed) say(item.ask); // what it asks; its buttons are found by Tab
   }
 
   function showResolved(resolved) {
@@ -813,7 +826,7 @@
       for (const event of events) showEvent(event.type, event.data, true, event.meta);
       seenTurns.add(entry.turn);
       // A failed turn's history has its error apart from the events it got to send.
-      if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error);
+      if (entry.ok === false && entry.error && !events.some((e) => e.type === "Error")) showError(entry.error, true);
     }
     renderBreadcrumb(data.stack);
     showTakeover(data.taken_over ? ChatrunPending.holder(data.taken_over) : null);
@@ -828,7 +841,10 @@
   async function recoverLostTurn(lost) {
     const data = await replayHistory();
     const own = (entry) => entry.turn > lost.turn && ((entry.input && entry.input.userMessage) || entry.input) === lost.text;
-    if (!(data.history || []).some(own)) giveBack(lost);
+    if (!(data.history || []).some(own)) return giveBack(lost);
+    // Its reply (or error) was drawn with the history, which is not read out: it is, as it would have been.
+    const last = Array.from(ui.messages.querySelectorAll(":scope > .msg.bot, :scope > .error")).pop();
+    if (last) say(last.classList.contains("error") ? last.textContent : last.querySelector(".msg-body").textContent);
   }
 
   /** A message the server has no record of (or whose fate could not be read), or whose turn

@@ -192,8 +192,19 @@
     return s.owner || tx("op_visitor", { id: String(s.session).slice(0, 6) });
   }
 
+  /** The list is drawn anew on every push or poll: the row (or "More") that had the keyboard's
+   * focus has it again, so an operator moving through the list is not sent back to the top. */
   function renderList(sessions, more) {
     const box = $("sessions");
+    const had = box.contains(document.activeElement) ? document.activeElement : null;
+    drawList(box, sessions, more);
+    if (!had) return;
+    const again = had.id ? $(had.id) : Array.from(box.querySelectorAll(".op-session"))
+      .find((row) => row.dataset.bot === had.dataset.bot && row.dataset.session === had.dataset.session);
+    if (again) again.focus({ preventScroll: true });
+  }
+
+  function drawList(box, sessions, more) {
     box.textContent = "";
     if (!sessions.length) box.appendChild(el("li", "op-none", tx("op_nobody")));
     for (const s of sessions) box.appendChild(renderRow(s));
@@ -285,10 +296,12 @@
     known = Object.assign(known || {}, now);
     if (!news.length) return;
     document.body.dataset.news = String(Number(document.body.dataset.news || 0) + news.length);
+    const s = news[0];
+    const title = news.length > 1 ? tx("op_note_more", { name: customer(s), count: news.length - 1 })
+      : tx("op_note_waiting", { name: customer(s) });
+    // Read out by a screen reader (the list itself is no live region: it is drawn anew each time).
+    $("op-announce").replaceChildren(el("p", "", title + ": " + lastLine(s)));
     if (prefs.notify && window.Notification && Notification.permission === "granted") {
-      const s = news[0];
-      const title = news.length > 1 ? tx("op_note_more", { name: customer(s), count: news.length - 1 })
-        : tx("op_note_waiting", { name: customer(s) });
       const note = new Notification(title,
         { body: lastLine(s), tag: "chatrun-inbox" });
       note.onclick = () => { window.focus(); openSession(s.bot, s.session, s.owner); note.close(); };
@@ -342,6 +355,7 @@
     current.routes = info ? info.graph.nodes.map((n) => n.name) : [];
     current.canned = canned.canned || [];
     await refreshSession();
+    if (current === open && $("op-detail-title")) focusDetail();
     refreshList();
   }
 
@@ -377,7 +391,8 @@
   function renderSession(data, inspect) {
     const box = $("detail");
     const typing = $("operator-input");
-    const draft = typing && box.dataset.session === data.id ? { text: typing.value, focused: document.activeElement === typing } : null;
+    const draft = typing && box.dataset.session === data.id ? typing.value : null;
+    const had = box.contains(document.activeElement) ? document.activeElement : null;
     const scroller = box.querySelector(".op-scroll");
     const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
     const asideOpen = box.classList.contains("aside-open");
@@ -401,20 +416,40 @@
     box.appendChild(renderInspector(data, inspect));
     if (atBottom) scroll.scrollTop = scroll.scrollHeight;
     const input = $("operator-input");
-    if (input && draft) {
-      input.value = draft.text;
-      if (draft.focused) input.focus();
-    }
+    if (input && draft) input.value = draft;
+    // Drawn anew: the control the keyboard was on has the focus again (else the conversation's name).
+    if (had) ((had.id && $(had.id)) || $("op-detail-title")).focus({ preventScroll: true });
+  }
+
+  /** The focus where the keyboard can go on from: the conversation's name once it is open, unless
+   * the control the keyboard is on is still shown (on a phone the list it was in is hidden). */
+  function focusDetail() {
+    const at = document.activeElement;
+    if (!at || at === document.body || !at.getClientRects().length) $("op-detail-title").focus({ preventScroll: true });
+  }
+
+  /** Back to the list (a phone's "‹ List"): the focus on the row of the conversation just left. */
+  function backToList() {
+    const left = open;
+    stopTyping();
+    open = null;
+    document.body.classList.remove("op-open");
+    const row = left && Array.from(document.querySelectorAll(".op-session"))
+      .find((r) => r.dataset.bot === left.bot && r.dataset.session === left.id);
+    if (row) row.focus({ preventScroll: true });
+    refreshList();
   }
 
   function renderHead(data) {
     const head = el("div", "op-detail-head");
     const back = el("button", "btn op-back", tx("op_back"));
     back.type = "button";
-    back.addEventListener("click", () => { stopTyping(); open = null; document.body.classList.remove("op-open"); refreshList(); });
+    back.addEventListener("click", backToList);
     head.appendChild(back);
     const title = el("div", "op-head-title");
-    title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
+    const name = title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
+    name.id = "op-detail-title";
+    name.tabIndex = -1; // focused when the conversation opens, so the keyboard and a screen reader start there
     title.appendChild(el("div", "op-sub", [data.bot, data.id, tx("op_on_route", { route: data.route }), turns(data.turn, data.locale)]
       .concat(data.locale ? [data.locale] : []).join(" · ")));
     head.appendChild(title);
@@ -569,6 +604,7 @@
       headers: { "Idempotency-Key": "operator-" + item + "-" + Date.now() },
     });
     await refreshSession();
+    if (current === open && $("op-detail-title")) focusDetail();
     refreshList();
   }
 

@@ -47,17 +47,16 @@
     chat.insertBefore(hello, document.getElementById("messages"));
   }
 
-  // Replies that arrive after the page is ready (not the replayed history) count as unread.
-  new MutationObserver((changes) => {
-    if (document.body.dataset.ready !== "true") return;
-    for (const change of changes) {
-      for (const node of change.addedNodes) {
-        if (node.nodeType !== 1 || !node.classList.contains("msg")) continue;
-        if (node.classList.contains("user")) tell("chatrun:started");
-        else if (node.classList.contains("bot")) tell("chatrun:message", { text: (node.textContent || "").slice(0, 140) });
-      }
-    }
-  }).observe(document.getElementById("messages"), { childList: true });
+  // Replies that arrive after the page is ready count as unread, each once it is complete (app.js's
+  // chatrun:message: a streamed reply fires when it ends), with its words for the host page's live
+  // region; the history drawn again (a load, a reconnect that recovers a turn) is not new.
+  document.addEventListener("chatrun:message", (event) => {
+    const said = event.detail;
+    if (said.replayed || document.body.dataset.ready !== "true") return;
+    if (said.role === "user") return tell("chatrun:started");
+    const body = event.target.querySelector(".msg-body") || event.target;
+    tell("chatrun:message", { text: (body.textContent || "").trim().slice(0, 140) });
+  });
   new MutationObserver(() => { if (document.querySelector("#messages .msg")) tell("chatrun:started"); })
     .observe(document.body, { attributes: true, attributeFilter: ["data-ready"] });
 
