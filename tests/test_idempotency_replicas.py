@@ -201,11 +201,7 @@ def test_a_v1_first_message_retried_on_another_replica_after_kill_9_sends_the_sa
 
     from test_openai_exactly_once import Alternating
 
-    fake.responder = responder
-    bot = tmp_path / "shop.yaml"
-    bot.write_text(SHOP)
-    replicas = [Replica(str(bot), shared_store, fake.base_url, "--lease-ttl", str(LEASE_TTL)).start()
-                for _ in range(2)]
+    replicas = _shops(tmp_path, shared_store, fake, 2, "--lease-ttl", str(LEASE_TTL))
     try:
         transport = Alternating([replica.url for replica in replicas])
         client = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key="x", timeout=120, max_retries=2,
@@ -238,11 +234,7 @@ def test_a_v1_attempt_alive_but_slow_is_waited_for_by_its_retry_on_another_repli
         fake, api, shared_store, tmp_path):
     """An attempt whose tool (or model) takes several lease TTLs is alive: its retry on the other
     replica, under the same Idempotency-Key, waits for it and replays its answer; nothing runs twice."""
-    fake.responder = responder
-    bot = tmp_path / "shop.yaml"
-    bot.write_text(SHOP)
-    replicas = [Replica(str(bot), shared_store, fake.base_url, "--lease-ttl", str(LEASE_TTL)).start()
-                for _ in range(2)]
+    replicas = _shops(tmp_path, shared_store, fake, 2, "--lease-ttl", str(LEASE_TTL))
     try:
         answers: dict[str, httpx.Response] = {}
         first = threading.Thread(target=lambda: answers.setdefault("first", _v1(replicas[0].url, "slow-1")))
@@ -272,11 +264,8 @@ def test_a_v1_retry_after_the_sqlite_server_restarted_runs_at_once(fake, api, tm
     """One `chatrun serve` on SQLite, killed (-9) while a /v1 request's tool runs, started again on
     the same file: the request's retry takes over the claim the dead process left at once (no
     other process can be running it) and runs the turn in the session that attempt made."""
-    fake.responder = responder
-    bot = tmp_path / "shop.yaml"
-    bot.write_text(SHOP)
     store = f"sqlite:///{tmp_path / 'chatrun.db'}"
-    server = Replica(str(bot), store, fake.base_url).start()
+    [server] = _shops(tmp_path, store, fake, 1)
     restarted = None
     try:
         lost: list[BaseException] = []
@@ -287,7 +276,7 @@ def test_a_v1_retry_after_the_sqlite_server_restarted_runs_at_once(fake, api, tm
         api.release.set()
         thread.join(60)
         assert lost, "the server answered before it was killed"
-        restarted = Replica(str(bot), store, fake.base_url).start()
+        restarted = Replica(str(tmp_path / "shop.yaml"), store, fake.base_url).start()
         began = time.monotonic()
         retried = _v1(restarted.url, "restart-1", RETRY_BOUND)
         assert retried.status_code == 200, retried.text
@@ -300,3 +289,11 @@ def test_a_v1_retry_after_the_sqlite_server_restarted_runs_at_once(fake, api, tm
         for replica in (server, restarted):
             if replica is not None:
                 replica.kill()
+
+
+def _shops(tmp_path, store: str, fake, count: int, *extra: str) -> list[Replica]:
+    """`count` replicas of the SHOP bot on `store`, started; the fake model answers as `responder`."""
+    fake.responder = responder
+    bot = tmp_path / "shop.yaml"
+    bot.write_text(SHOP)
+    return [Replica(str(bot), store, fake.base_url, *extra).start() for _ in range(count)]
