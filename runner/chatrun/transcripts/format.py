@@ -245,14 +245,25 @@ def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+_UNRUN_AFTER_REFUSED = {  # a key beside `refused:` -> what a refused start leaves unchecked
+    "turns": "`turns:` never run after a refused start (`refused:`): remove them, or `refused:` to test "
+             "a conversation that starts",
+    "success": "`success:` is never checked after a refused start (`refused:`): no conversation happens; "
+               "remove it, or `refused:` to test a conversation that starts",
+}
+
+
 def refused_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     """`refused:` expects the start to be refused, so no turn runs: `turns:` beside it would pass
-    unrun whatever they expect."""
-    if "refused" not in doc.data or "turns" not in doc.data:
+    unrun whatever they expect, and `success:` unchecked whatever it asks."""
+    if "refused" not in doc.data:
         return []
-    pos = doc.pos(("turns",))
-    return [Diagnostic(doc.file, pos.line, pos.col, "error", "`turns:` never run after a refused start "
-                       "(`refused:`): remove them, or `refused:` to test a conversation that starts", "turns")]
+    out = []
+    for key, message in _UNRUN_AFTER_REFUSED.items():
+        if key in doc.data:
+            pos = doc.pos((key,))
+            out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, key))
+    return out
 
 
 def attach_spec(file: str, item: str | dict[str, Any]) -> AttachSpec:
