@@ -8,6 +8,7 @@ fixed by schemas/transcript.schema.json.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -536,9 +537,16 @@ def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> li
     return list(dict.fromkeys(found))
 
 
-def transcripts_under(folder: Path) -> list[Path]:
-    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs."""
-    return [c for c in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]) if looks_like_transcript(c)]
+def transcripts_under(folder: Path, check: Callable[[Path], object] | None = None) -> list[Path]:
+    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs. `check`
+    is called with each file before it is read (`chatrun mcp`: it raises for one outside its folders)."""
+    found = []
+    for candidate in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+        if check is not None:
+            check(candidate)
+        if looks_like_transcript(candidate):
+            found.append(candidate)
+    return found
 
 
 def looks_like_transcript(path: Path) -> bool:
