@@ -20,7 +20,7 @@ tools:
   human:
     description: Hand over to a person
     action:
-      operator: {{text: Connecting you with a colleague.}}
+      operator: {{text: Connecting you with a colleague., remember: {remember}}}
 routes:
   main:
     default: true
@@ -40,8 +40,8 @@ def as_(session, principal):
     return session
 
 
-def handed_over(fake, write_bot, memory: str):
-    session = as_(chatrun.load_bot(write_bot(BOT.format(memory=memory))).session(), ALICE)
+def handed_over(fake, write_bot, memory: str, remember: str = "messages"):
+    session = as_(chatrun.load_bot(write_bot(BOT.format(memory=memory, remember=remember))).session(), ALICE)
     fake.queue({"tool_calls": [{"name": "human", "arguments": {}}]})
     session.chat("I want a human")
     as_(session, OLGA).chat(TakeOver())
@@ -97,3 +97,19 @@ def test_a_talk_that_fits_is_kept_line_by_line_with_no_note(fake, write_bot):
         {"role": "user", "content": "my order is late"},
         {"role": "assistant", "content": "[operator olga] It ships today."},
         {"role": "user", "content": "thanks"}]
+
+
+def test_a_summary_digest_larger_than_the_window_is_cut_to_one_that_fits(fake, write_bot):
+    """`remember: summary` on a window memory is the digest of the last 20 lines: 20 long lines
+    of 300 characters each did not fit 1,000 tokens and were evicted whole."""
+    session = handed_over(fake, write_bot, "{type: token_window, max_tokens: 1000}", remember="summary")
+    for n in range(10):
+        as_(session, ALICE).chat(f"{n} " + DOCUMENT[:400])
+        as_(session, OLGA).chat(OperatorSay(f"{n} " + DOCUMENT[:400]))
+    events = session.chat(Release())
+    assert "(20 line(s)) does not fit the route's memory; kept a digest of its last 5 line(s)" in console(events)[0]
+    fake.queue({"text": "Fine."})
+    as_(session, ALICE).chat("hello again")
+    digest = fake.requests[-1]["messages"][-2]["content"]
+    assert "10 message(s) from the user, 10 from the operator; the first 15 left out" in digest
+    assert digest.endswith("…)") and "operator olga: 9 The tenant" in digest

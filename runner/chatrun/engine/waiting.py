@@ -891,9 +891,10 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
         else c.scope
     memory = c.memory_for(scope, scope.route)
     if item.data.get("remember") == "summary":
-        if said:
-            memory.add(AssistantMessage(await _summary(calls, scope.route, memory, said)))
-    elif not _all_kept(memory, [_talk_message(line) for line in said]):
+        talk = [AssistantMessage(await _summary(calls, scope.route, memory, said))] if said else []
+    else:
+        talk = [_talk_message(line) for line in said]
+    if not _all_kept(memory, talk):
         _remember_digest(calls, scope.route, memory, said)
 
 
