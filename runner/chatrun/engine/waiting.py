@@ -890,6 +890,7 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     scope = c.scope if target else c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) \
         else c.scope
     memory = c.memory_for(scope, scope.route)
+    talk: list[Message]
     if item.data.get("remember") == "summary":
         talk = [AssistantMessage(await _summary(calls, scope.route, memory, said))] if said else []
     else:
