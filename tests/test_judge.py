@@ -250,3 +250,9 @@ def test_a_refused_start_route_can_be_expected(bot_dir):
     code, out = run(str(path))
     assert code == 1 and f"{path}:5:1: error: `turns:` never run after a refused start (`refused:`): " \
         "remove them, or `refused:` to test a conversation that starts" in out, out
+
+    # success criteria beside a refused start are never checked: refused, naming their line
+    path = write_transcript(bot_dir, refused + "success:\n  route: nowhere\n", "with_success.yaml")
+    code, out = run(str(path))
+    assert code == 1 and f"{path}:5:1: error: `success:` is never checked after a refused start " \
+        "(`refused:`): no conversation happens" in out, out

@@ -180,3 +180,24 @@ def test_folders_given_on_the_command_line_are_the_ones_it_reads(tmp_path):
     ], folders=[tmp_path / "a"]))
     assert answers[0][0] is False and "unknown key `prompt`" in answers[0][1]  # outside its cwd, inside FOLDER
     assert answers[1][0] is True and f"({(tmp_path / 'a').resolve()})" in answers[1][1]
+
+
+@pytest.mark.slow
+def test_a_folder_s_transcripts_are_the_ones_chatrun_test_finds_in_subfolders_too(tmp_path, monkeypatch):
+    """`run_transcripts` read a folder's top level only (`*.yaml`), so a transcript in a subfolder
+    or written `.yml` that `chatrun test FOLDER` runs was left out without a word."""
+    from chatrun.transcripts.format import discover
+
+    hello = REPO / "bots" / "hello"
+    turn = "turns:\n  - user: hi\n    model: [{text: Hello}]\n    expect: {events: [{Message: Hello}]}\n"
+    (tmp_path / "transcripts" / "refunds").mkdir(parents=True)
+    for name in ("top.yaml", "short.yml", "refunds/deep.yaml"):
+        (tmp_path / "transcripts" / name).write_text(f"bot: {hello}\n{turn}")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runner")}
+    [(is_error, text)] = asyncio.run(tool_answers(tmp_path, env, [("run_transcripts", {"paths": ["transcripts"]})]))
+    assert not is_error, text
+    ran = sorted(result["transcript"] for result in json.loads(text)["results"])
+    monkeypatch.chdir(tmp_path)  # `chatrun test transcripts` run where the server ran
+    assert ran == sorted(discover(["transcripts"])) == [
+        "transcripts/refunds/deep.yaml", "transcripts/short.yml", "transcripts/top.yaml"]
+    assert json.loads(text)["passed"] == 3

@@ -694,6 +694,40 @@ def test_update_of_a_turn_that_expected_only_an_error_and_now_succeeds_writes_wh
     assert cli([str(path)])[0] == 0  # valid, and it passes
 
 
+def test_update_says_each_expected_error_it_drops_adds_or_changes_at_its_line(tmp_path):
+    """A turn that used to fail and now succeeds, or fails otherwise, is a behaviour change:
+    --update rewrote its `error:` silently, for the author to spot in a diff."""
+    path = hello_transcript(tmp_path, """
+        turns:
+          - user: hi
+            model: [{text: Hello}]
+            expect:
+              error: {contains: the model is down}
+          - user: again
+            model: [{error: the model is now gone}]
+            expect:
+              error: the model is down
+          - user: once more
+            model: [{error: 503}]
+          - user: and
+            model: [{text: Fine}]
+            expect: {route: chat}
+        """)
+    lines = path.read_text().splitlines()
+    expects = [n for n, text in enumerate(lines, 1) if text == "    expect:"]  # turns 1 and 2
+    third = lines.index("  - user: once more") + 1  # no `expect:`: the turn's line
+    code, out = cli([str(path), "--update"])
+    assert code == 0, out
+    assert f"updated {path}\n" in out
+    assert f"  {path}:{expects[0]}: turn 1: `error:` dropped: the turn now succeeds (it expected the error " \
+        '{"contains": "the model is down"})\n' in out, out
+    assert f'  {path}:{expects[1]}: turn 2: `error:` changed: "the model is down" -> "the model failed on route chat' in out, out
+    line = f"  {path}:{third}: turn 3: `error:` added: the turn now fails with \"the model failed on route chat"
+    assert line in out, out
+    assert "turn 4" not in out  # its expectation held: nothing to say
+    assert cli([str(path)])[0] == 0
+
+
 def test_update_leaves_a_transcript_whose_turn_the_bot_fails_as_it_was(travel_copy):
     """A handler that raises is the bot failing, not a changed reply: --update used to write the
     Error's text as the turn's `error:` (and over an explicit `error: false`), so the transcript

@@ -168,8 +168,8 @@ async def run_turn(bot: str, message: str, session: str = "default", reset: bool
 
 
 async def run_transcripts(paths: list[str]) -> dict[str, Any]:
-    """Replay golden transcripts offline as `chatrun test` does (files or folders; a bot
-    folder means its transcripts/). Returns the counts and, per transcript, its report."""
+    """Replay golden transcripts offline as `chatrun test` does (files, or folders searched as it
+    searches them: subfolders too). Returns the counts and, per transcript, its report."""
     return await asyncio.to_thread(_run_transcripts, paths)
 
 
@@ -181,10 +181,10 @@ def _run_transcripts(paths: list[str]) -> dict[str, Any]:
         ROOTS.check(path, "a transcript or folder")
         if not path.exists():
             raise ChatrunError(f"no such transcript or folder: {path} (paths are relative to {Path.cwd()})")
-        folder = path / "transcripts" if (path / "transcripts").is_dir() else path
-        found = _transcripts_in(folder) if folder.is_dir() else [path]
+        found = _transcripts_in(path) if path.is_dir() else [path]
         if not found:
-            raise ChatrunError(f"no transcripts in {folder} (its *.yaml files, or a bot folder's transcripts/)")
+            raise ChatrunError(f"no transcripts in {path} (its YAML files with `turns:`, in subfolders too, "
+                               "as `chatrun test` finds them)")
         files += found
     bots: dict[str, Any] = {}
     results = [run_transcript(_confined_transcript(f), bots) for f in files]
@@ -194,16 +194,12 @@ def _run_transcripts(paths: list[str]) -> dict[str, Any]:
 
 
 def _transcripts_in(folder: Path) -> list[Path]:
-    """The transcripts of a folder: its *.yaml files discovery runs (format.looks_like_transcript;
-    each checked to be inside the roots before it is read: a file may be a symlink to elsewhere)."""
-    from chatrun.transcripts.format import looks_like_transcript
+    """The transcripts of a folder, found as `chatrun test FOLDER` finds them (format.transcripts_under:
+    `.yaml` and `.yml`, subfolders too), each checked to be inside the roots before it is read (a
+    file may be a symlink to elsewhere)."""
+    from chatrun.transcripts.format import transcripts_under
 
-    found = []
-    for file in sorted(folder.glob("*.yaml")):
-        ROOTS.check(file, "a transcript")
-        if looks_like_transcript(file):
-            found.append(file)
-    return found
+    return transcripts_under(folder, lambda file: ROOTS.check(file, "a transcript"))
 
 
 def _confined_transcript(file: Path) -> Any:

@@ -29,6 +29,7 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
     roles_off: bool = False  # the transcript declares no `roles:`, so role checks are off in it
     usage: dict[str, Any] | None = None  # its session's model calls, summed (shown with -v)
+    notes: list[str] = field(default_factory=list)  # --update: each turn's `error:` it added, dropped or changed
 
 
 _BOTS: dict[str, Any] = {}  # per process: each bot is loaded once per run
@@ -60,6 +61,7 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: 
     if locale is not None:  # `--locale`: the session speaks this locale, whatever the file's `locale:`
         transcript.locale = locale
     changed = False
+    notes: list[str] = []
     roles_off = _roles_off(transcript)
     if live:
         try:
@@ -78,7 +80,7 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: 
         if update and result.error is None:
             from chatrun.transcripts.update import update_from_result
 
-            if update_from_result(result):
+            if update_from_result(result, notes=notes):
                 changed = True
                 result = run_transcript(load_transcript(path), _BOTS)
     except BotError as exc:
@@ -87,7 +89,7 @@ def _run_one(path: str, update: bool, record: bool, live: bool = False, locale: 
         said = str(exc) if str(exc).startswith(f"{path}:") else f"{path}: {exc}"
         return Outcome(path, False, said, changed, roles_off=roles_off)
     return Outcome(path, result.passed, result.report(), changed, warnings=result.warnings, roles_off=roles_off,
-                   usage=result.usage)
+                   usage=result.usage, notes=notes)
 
 
 def _roles_off(transcript: Any) -> bool:
@@ -376,6 +378,8 @@ def _summary(outcomes: list[Outcome], rewriting: bool, usage: bool = False) -> N
         for o in outcomes:
             if o.updated:
                 click.echo(f"updated {o.name}")
+                for note in o.notes:  # a turn's expected error changed: a behaviour change, said
+                    click.echo(f"  {note}")
     if failed:
         click.echo()
         click.echo("=" * 30 + " FAILURES " + "=" * 30)

@@ -890,14 +890,50 @@ async def release(calls: ToolCalls, item: PendingItem, route: str | None) -> Non
     scope = c.scope if target else c.find_scope(item.scope_id) if any(s.id == item.scope_id for s in c.scopes) \
         else c.scope
     memory = c.memory_for(scope, scope.route)
+    talk: list[Message]
     if item.data.get("remember") == "summary":
-        if said:
-            memory.add(AssistantMessage(await _summary(calls, scope.route, memory, said)))
+        talk = [AssistantMessage(await _summary(calls, scope.route, memory, said))] if said else []
     else:
-        for line in said:
-            memory.add(UserMessage(line["text"], tuple(map(Attachment.from_dict, line.get("attachments") or ())))
-                       if line["from"] == "user"
-                       else AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " ")))
+        talk = [_talk_message(line) for line in said]
+    if not _all_kept(memory, talk):
+        _remember_digest(calls, scope.route, memory, said)
+
+
+def _talk_message(line: dict[str, Any]) -> Message:
+    """A line said during a takeover as the bot's memory keeps it: the user's as theirs, the
+    operator's as `[operator NAME] ...` of the assistant."""
+    if line["from"] == "user":
+        return UserMessage(line["text"], tuple(map(Attachment.from_dict, line.get("attachments") or ())))
+    return AssistantMessage(f"[operator {line.get('name') or ''}] {line['text']}".replace("  ", " "))
+
+
+def _all_kept(memory: ChatMemory, messages: list[Message]) -> bool:
+    """Add `messages`; whether the window kept them all (it may evict older ones). When it did not,
+    the memory is as it was before."""
+    before = memory.messages()
+    for message in messages:
+        memory.add(message)
+    kept = {id(m) for m in memory.messages()}
+    if all(id(m) in kept for m in messages):
+        return True
+    memory.set(before)
+    return False
+
+
+def _remember_digest(calls: ToolCalls, route: str, memory: ChatMemory, said: list[dict[str, Any]]) -> None:
+    """The talk did not fit the route's window (a long paste, a long talk): added line by line, the
+    window would have evicted lines, the user's last one too, without a word, and the model would
+    answer what it never read. The memory gets the longest digest that fits instead (it says what
+    it left out and cut), and the author a Console note."""
+    for last in (DIGEST_LINES, 5, 1):
+        if _all_kept(memory, [AssistantMessage(_digest(said, last))]):
+            kept = f"kept a digest of its last {min(last, len(said))} line(s), each cut to {DIGEST_CHARS} characters"
+            break
+    else:
+        kept = "not even a digest of its last line fits, so the memory holds none of it"
+    calls.t.emit(ev.CONSOLE, f"route {route}: what the operator and the user said ({len(said)} line(s)) does "
+                             f"not fit the route's memory; {kept}. Give the memory a larger maximum, or the "
+                             "handover `remember: summary` (docs/format.md)")
 
 
 DIGEST_LINES = 20  # a summary digest keeps the last this many lines of the talk...
@@ -925,13 +961,13 @@ async def _summary(calls: ToolCalls, route: str, memory: ChatMemory, said: list[
     return _digest(said)
 
 
-def _digest(said: list[dict[str, Any]]) -> str:
-    """What was said while the bot was away, line by line: the last DIGEST_LINES lines, each cut
+def _digest(said: list[dict[str, Any]], last: int = DIGEST_LINES) -> str:
+    """What was said while the bot was away, line by line: the last `last` lines, each cut
     to DIGEST_CHARS, with a count of what was left out."""
     users = sum(1 for line in said if line["from"] == "user")
     head = (f"(An operator talked with the user while I was away: {users} message(s) from the user, "
             f"{len(said) - users} from the operator")
-    left_out = max(0, len(said) - DIGEST_LINES)
+    left_out = max(0, len(said) - last)
     head += f"; the first {left_out} left out" if left_out else ""
     lines = [_talk_line(line, DIGEST_CHARS) for line in said[left_out:]]
     return head + ":\n" + "\n".join(lines) + ")"

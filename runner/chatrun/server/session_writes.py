@@ -91,8 +91,8 @@ class SessionWrites:
 
 def store_error(slot: Slot, exc: Exception) -> str:
     """A store's error text as the session's `storage` guardrails keep it (engine/guardrails.py
-    `kept_text`): PostgreSQL's `DETAIL: Failing row contains (...)` and redis-py's annotation of a
-    pipeline's command quote the values written."""
+    `kept_text`): PostgreSQL's `DETAIL: Failing row contains (...)` quotes the values written
+    (Redis's errors arrive without them: store/redis_errors.py)."""
     session = slot.session
     text = str(exc)
     return text if session is None else guardrails.kept_text(session.bot.config, [session.route], text)

@@ -438,6 +438,8 @@ class RedisStore:
             from redis.backoff import ExponentialBackoff
             from redis.exceptions import ConnectionError as RedisConnectionError
             from redis.exceptions import TimeoutError as RedisTimeoutError
+
+            from chatrun.store.redis_errors import RedactingRedis
         except ModuleNotFoundError:
             raise ChatrunError(
                 f"store {shown_url(url)}: the Redis store needs the redis package; "
@@ -462,11 +464,12 @@ class RedisStore:
         connection = dict(decode_responses=True, password=password, socket_connect_timeout=5,
                           socket_keepalive=True)
         try:
-            self.client: Any = aioredis.Redis.from_pool(blocking_pool(
+            # RedactingRedis: an error reply names its command and kind, never a value (redis_errors.py).
+            self.client: Any = RedactingRedis.for_store(blocking_pool(
                 aioredis.BlockingConnectionPool, client_url, health_check_interval=30,
                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES),
                 retry_on_error=[RedisConnectionError, RedisTimeoutError], **connection,
-            ))
+            ), self.url)
             # /health's probe: a connection of its own, so a busy pool never reads as a stalled
             # Redis, and no retry, so a refused connection answers at once (ping()).
             self.probe: Any = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(

@@ -37,6 +37,7 @@ from chatrun.store.blobs import (
     blob_ref,
 )
 from chatrun.store.redis_pool import blocking_pool
+from chatrun.store.urls import shown_url
 
 DEFAULT_MAX_BLOB_BYTES = DEFAULT_MAX_MEMORY_BLOB_BYTES
 
@@ -61,12 +62,14 @@ class RedisBlobs:
     def __init__(self, client_url: str, prefix: str, quota: BlobQuota = BlobQuota(DEFAULT_MAX_BLOB_BYTES)):  # noqa: B008
         import redis
 
+        from chatrun.store.redis_errors import RedactingSyncRedis
+
         password = None if urlsplit(client_url).password else os.environ.get("CHATRUN_REDIS_PASSWORD")
         # A blocking pool, as the store's (redis_pool.py): more uploads at once than it has
         # connections wait for one.
-        self.client: Any = redis.Redis.from_pool(blocking_pool(
+        self.client: Any = RedactingSyncRedis.for_store(blocking_pool(
             redis.BlockingConnectionPool, client_url, password=password, socket_connect_timeout=5,
-            socket_keepalive=True, health_check_interval=30))
+            socket_keepalive=True, health_check_interval=30), shown_url(client_url))
         self.prefix = prefix
         self.quota = quota
         self._put = self.client.register_script(_PUT)

@@ -8,6 +8,7 @@ fixed by schemas/transcript.schema.json.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -245,14 +246,25 @@ def upgrade_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     return out
 
 
+_UNRUN_AFTER_REFUSED = {  # a key beside `refused:` -> what a refused start leaves unchecked
+    "turns": "`turns:` never run after a refused start (`refused:`): remove them, or `refused:` to test "
+             "a conversation that starts",
+    "success": "`success:` is never checked after a refused start (`refused:`): no conversation happens; "
+               "remove it, or `refused:` to test a conversation that starts",
+}
+
+
 def refused_diagnostics(doc: YamlDoc) -> list[Diagnostic]:
     """`refused:` expects the start to be refused, so no turn runs: `turns:` beside it would pass
-    unrun whatever they expect."""
-    if "refused" not in doc.data or "turns" not in doc.data:
+    unrun whatever they expect, and `success:` unchecked whatever it asks."""
+    if "refused" not in doc.data:
         return []
-    pos = doc.pos(("turns",))
-    return [Diagnostic(doc.file, pos.line, pos.col, "error", "`turns:` never run after a refused start "
-                       "(`refused:`): remove them, or `refused:` to test a conversation that starts", "turns")]
+    out = []
+    for key, message in _UNRUN_AFTER_REFUSED.items():
+        if key in doc.data:
+            pos = doc.pos((key,))
+            out.append(Diagnostic(doc.file, pos.line, pos.col, "error", message, key))
+    return out
 
 
 def attach_spec(file: str, item: str | dict[str, Any]) -> AttachSpec:
@@ -525,9 +537,16 @@ def discover(paths: list[str] | tuple[str, ...], root: Path | None = None) -> li
     return list(dict.fromkeys(found))
 
 
-def transcripts_under(folder: Path) -> list[Path]:
-    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs."""
-    return [c for c in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]) if looks_like_transcript(c)]
+def transcripts_under(folder: Path, check: Callable[[Path], object] | None = None) -> list[Path]:
+    """The YAML files under `folder` (`.yaml`, `.yml`, in subfolders too) discovery runs. `check`
+    is called with each file before it is read (`chatrun mcp`: it raises for one outside its folders)."""
+    found = []
+    for candidate in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+        if check is not None:
+            check(candidate)
+        if looks_like_transcript(candidate):
+            found.append(candidate)
+    return found
 
 
 def looks_like_transcript(path: Path) -> bool:

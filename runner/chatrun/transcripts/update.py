@@ -364,11 +364,13 @@ def pin_tokenizer(path: str | Path, tokenizer: str | None) -> bool:
     return True
 
 
-def update_from_result(result: Any, accept_errors: bool = False) -> bool:
+def update_from_result(result: Any, accept_errors: bool = False, notes: list[str] | None = None) -> bool:
     """Rewrite the `expect:` blocks of a transcript from what its run (a run.Result) observed.
     Returns True when the file changed. A turn that ends in an Error it does not expect is the
     bot failing, not a changed reply: the file is left as it was (ChatrunError at the turn's
-    line), unless `accept_errors` (`/save` writes a conversation as it happened, errors too)."""
+    line), unless `accept_errors` (`/save` writes a conversation as it happened, errors too).
+    `notes` gets one line for each turn whose `error:` the rewrite adds, drops or changes
+    (error_notes): a behaviour change the author should see said, not only in the diff."""
     from chatrun.transcripts.expect import updated
 
     if result.transcript is None:
@@ -382,10 +384,31 @@ def update_from_result(result: Any, accept_errors: bool = False) -> bool:
         new = updated(tr.turn.expect, tr.observed)
         if tr.turn.expect is None or not _same(tr.turn.expect, new):
             changes[tr.turn.index - 1] = {"expect": new}
+            if notes is not None:
+                notes += error_notes(result.transcript, tr.turn, new)
     if not changes:  # a passing transcript keeps every byte
         return False
     # The expectations just written hold for the counter this run counted with: pin it.
     return pin_tokenizer(result.transcript.file, result.tokenizer) | rewrite_turns(result.transcript.file, changes)
+
+
+def error_notes(transcript: Any, turn: Any, new: dict[str, Any]) -> list[str]:
+    """The line saying how a turn's expected error changes from `turn.expect` to `new`, at the
+    line of its `expect:` as the file was (none when it does not change)."""
+    before, after = (turn.expect or {}).get("error", False), new.get("error", False)
+    if _same(before, after):
+        return []
+    where = f"{transcript.file}:{turn.expect_line or turn.line}: turn {turn.index}"
+    if after is False:
+        return [f"{where}: `error:` dropped: the turn now succeeds (it expected the error {_shown(before)})"]
+    if before is False:
+        return [f"{where}: `error:` added: the turn now fails with {_shown(after)}"]
+    return [f"{where}: `error:` changed: {_shown(before)} -> {_shown(after)}"]
+
+
+def _shown(value: Any) -> str:
+    """An expected error as one line: its text quoted, a matcher or `true` as JSON."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def refuse_unexpected_error(result: Any) -> None:
