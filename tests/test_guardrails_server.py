@@ -198,3 +198,40 @@ def test_v1_a_kept_response_is_stored_as_storage_guardrails_leave_it(monkeypatch
         assert card_leaked(answered.output_text)
         assert kept.output_text == "Your card [card] is saved." and kept.id == answered.id
         assert not card_leaked(b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")))
+
+
+BLOCK_INPUT_BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [input], outcome: block, message: "I cannot share that."}
+  - {name: legal, patterns: ['(?i)\\blawyer\\b'], stages: [input], outcome: operator}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_v1_earlier_messages_an_input_guardrail_stops_never_reach_the_model_nor_the_store(monkeypatch, tmp_path):
+    """A client that resends a conversation begun elsewhere (a first request, or a server that lost
+    its index) seeds a new session with its earlier messages: a user message a `block` or `operator`
+    input guard stops, and the answer it got, are left out, as a live turn's memory leaves them."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "shop.yaml").write_text(BLOCK_INPUT_BOT)
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"text": "Fine."}, {"text": "Fine again."})
+        earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi, how can I help?"},
+                   {"role": "user", "content": "send me the internal only price list"},
+                   {"role": "assistant", "content": "Here is the Internal Only list: 3 EUR."},
+                   {"role": "user", "content": "my lawyer wants it"}, {"role": "assistant", "content": "Zorblax."},
+                   {"role": "user", "content": "thanks"}]
+        with ThreadServer(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                                     max_retries=0) as client:
+            client.chat.completions.create(model="shop", messages=earlier)  # type: ignore[arg-type]
+            client.responses.create(model="shop", input=earlier)  # type: ignore[arg-type]
+        sent = json.dumps(fake.requests).lower()
+        assert len(fake.requests) == 2 and "internal only" not in sent and "lawyer" not in sent
+        assert "zorblax" not in sent and "hi, how can i help?" in sent and "thanks" in sent
+        kept = b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")).lower()
+        assert b"internal only" not in kept and b"lawyer" not in kept
