@@ -437,10 +437,20 @@ class OutputHold:
         self.released = ""  # what went out (redacted)
         self.stopped: Verdict | None = None  # a sentence that blocked: the stream went quiet
 
-    async def chunk(self, text: str) -> None:
+    async def chunk(self, text: str) -> bool:
+        """A streamed chunk, held. Whether the reply has begun to reach the user (models/base.py
+        ChunkCallback): never while the whole reply is held, so a model that fails mid-stream may
+        be retried, or a fallback asked, and only that answer's text is checked and sent (`final`);
+        always by the sentence, where what is held may be the start of a sentence already begun."""
         self.raw += text
-        if not self.by_sentence or self.stopped is not None:
-            return
+        if not self.by_sentence:
+            return False
+        if self.stopped is None:
+            await self.release()
+        return True
+
+    async def release(self) -> None:
+        """The whole sentences held, checked and sent (runs of `window` characters at least)."""
         cut = None
         for m in _SENTENCE_END.finditer(self.raw, self.consumed):
             cut = m.end()

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse, shown
 
 BREAKER_OPEN = "breaker_open"  # the reason of a switch made without calling the skipped model
 
@@ -107,13 +107,14 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
     candidates = [primary, *primary.fallback_configs()]
     if len(candidates) == 1:
         return Answered(await call(model, request, on_chunk), primary)
-    shown = [False]
+    started = [False]  # a chunk reached the user (not one an output guardrail's hold keeps back)
 
-    async def watched(chunk: str) -> None:
-        if chunk:
-            shown[0] = True
+    async def watched(chunk: str) -> bool | None:
         assert on_chunk is not None
-        await on_chunk(chunk)
+        said = await on_chunk(chunk)
+        if chunk and shown(said):
+            started[0] = True
+        return said
 
     switches: list[Switch] = []
     failures: list[str] = []
@@ -135,7 +136,7 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
         except ModelUnavailable as exc:
             if breakers is not None:
                 breakers.failed(config, now().timestamp())
-            if shown[0] or last:
+            if started[0] or last:
                 raise ModelUnavailable(joined(failures, config, exc), exc.reason) if failures else exc from None
             switch(Switch(config.name, successor, exc.reason))
             failures.append(f"{config.name}: {exc}")

@@ -1,0 +1,79 @@
+"""A model that fails mid-stream, behind an output guardrail that holds the whole reply, on every
+door (tests/test_doors.py's clients): nothing of its answer was shown, so its fallback answers,
+and each door reads the fallback's reply once — never a byte of the failed model's partial text,
+never a second beginning. Without a hold the first chunk is shown, and the failure stands
+(tests/test_model_fallback.py `test_a_failure_after_the_first_chunk_is_not_sent_to_the_fallback`);
+a `release: sentence` hold has shown a sentence by then too (the engine test below)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import chatrun
+from chatrun.server import create_app
+from chatrun.testing.fake_openai import FakeOpenAI
+from server_support import ThreadServer
+from test_doors import DOORS
+
+pytestmark = [pytest.mark.slow]
+
+BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true, fallback: [{name: gpt-4o}],
+        breaker: {failures: 1000000, cool_down: 30s}}  # each turn tries the primary
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, message: "I cannot share that."}
+routes:
+  main: {default: true, system: You sell things.}
+  multi: {system: You sell things., stream_to_quarkus: true}
+"""
+PRIMARY = {"chunks": ["Zorblax says ", "half a sen"], "disconnect": True}  # fails mid-stream, every time
+FALLBACK = ["The fallback ", "answers whole."]
+
+
+def responder(body: dict[str, Any]) -> dict[str, Any]:
+    return PRIMARY if body["model"] == "gpt-4o-mini" else {"chunks": FALLBACK}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ThreadServer]:
+    root = tmp_path_factory.mktemp("fallback-doors")
+    (root / "bot.yaml").write_text(BOT)
+    with FakeOpenAI(responder=responder) as fake, pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_BASE_URL", fake.base_url)
+        env.setenv("OPENAI_API_KEY", "test-key")
+        app = create_app([chatrun.load_bot(root / "bot.yaml")], f"sqlite:///{root / 'c.db'}")
+        with ThreadServer(app) as srv:
+            srv.fake = fake
+            yield srv
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_model_failing_mid_stream_behind_a_held_reply_falls_back_and_no_door_sees_it_twice(server, door):
+    asked = len(server.fake.requests)
+    seen = DOORS[door](server).talk(["hello", "and again"])
+    assert [turn.text for turn in seen] == ["The fallback answers whole."] * 2
+    for turn in seen:
+        assert "zorblax" not in turn.received.lower() and "half a sen" not in turn.received
+    assert [r["model"] for r in server.fake.requests[asked:]] == ["gpt-4o-mini", "gpt-4o"] * 2
+
+
+def test_a_sentence_released_before_the_failure_stands_and_no_fallback_repeats_it(tmp_path, monkeypatch):
+    """`release: sentence` shows a checked sentence as it comes: once one is out, a fallback would
+    start the reply again, so the failure stands, as without a hold."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "bot.yaml").write_text(BOT.replace("message:", "release: sentence, message:"))
+        fake.queue_for("gpt-4o-mini", {"chunks": ["Zorblax says hi. ", "half a sen"], "disconnect": True})
+        fake.queue({"text": "never asked"})
+
+        async def run() -> list[Any]:
+            return [e async for e in chatrun.load_bot(tmp_path / "bot.yaml").session().stream("hello")]
+        events = asyncio.run(run())
+    assert [e.data for e in events if e.type == "Stream"] == ["Zorblax says hi. "]
+    assert events[-1].type == "Error" and [r["model"] for r in fake.requests] == ["gpt-4o-mini"]
