@@ -27,9 +27,11 @@ model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: true, fallb
         breaker: {failures: 1000000, cool_down: 30s}}  # each turn tries the primary
 guardrails:
   - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, message: "I cannot share that."}
-routes:
-  main: {default: true, system: You sell things.}
+routes:  # a route with tools reads calls a model writes as text too (models/text_calls.py): one more hold
+  main: {default: true, system: You sell things., tools: [note]}
   multi: {system: You sell things., stream_to_quarkus: true}
+tools:
+  note: {description: Take a note., action: {reply: Noted.}}
 """
 PRIMARY = {"chunks": ["Zorblax says ", "half a sen"], "disconnect": True}  # fails mid-stream, every time
 FALLBACK = ["The fallback ", "answers whole."]

@@ -48,6 +48,7 @@ from chatrun.models.base import (
     ModelRequest,
     ModelResponse,
     ModerationResult,
+    shown,
 )
 
 MODES = ("native", "text", "auto")
@@ -296,8 +297,16 @@ class HeldBack:
         self.pending = ""
         self.shown: list[str] = []
         self.holding = False  # a call started: everything else waits for the end
+        self.reached = False  # whether what was passed on reached the user (models/base.py ChunkCallback)
 
-    async def send(self, chunk: str) -> None:
+    async def send(self, chunk: str) -> bool:
+        """A chunk of the answer, passed on or held. Whether the answer has begun to reach the user:
+        what `on_chunk` said of what was passed on, and (to be safe) yes while anything is held here,
+        which a second attempt's chunks would follow."""
+        await self.take(chunk)
+        return self.reached or bool(self.pending)
+
+    async def take(self, chunk: str) -> None:
         if not self.pending and not self.holding and QUICK.search(chunk) is None and (self.shown or not chunk.isspace()):
             # Most chunks: nothing that may start a call, no line break held, and (the first) not
             # whitespace alone, which may open a call: shown at once, as `releasable` would.
@@ -323,7 +332,7 @@ class HeldBack:
 
     async def show(self, text: str) -> None:
         self.shown.append(text)
-        await self.on_chunk(text)
+        self.reached = shown(await self.on_chunk(text)) or self.reached
 
 
 # -- the wrapper ------------------------------------------------------------------------------------
