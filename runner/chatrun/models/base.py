@@ -12,13 +12,9 @@ from chatrun.messages import BlobReader, Message, ToolCall
 # What a model streams goes to `on_chunk`, which says whether the chunk reached the user: False
 # when it was held back and nothing of the answer has been shown yet (an output guardrail's hold
 # of a whole reply, engine/guardrails.py), so a retry or a fallback may still start the answer
-# anew; None (a plain callback) or True: shown, and the answer's start stands (`shown`).
+# anew; None (a plain callback) or True: shown, and the answer's start stands. A caller reads it
+# as `said is not False` (inline: a served message's walk enters no function of this module).
 ChunkCallback = Callable[[str], Awaitable[bool | None]]
-
-
-def shown(said: bool | None) -> bool:
-    """Whether `on_chunk`'s answer `said` means the chunk reached the user (ChunkCallback)."""
-    return said is not False
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse, shown
+from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
 
 BREAKER_OPEN = "breaker_open"  # the reason of a switch made without calling the skipped model
 
@@ -112,7 +112,7 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
     async def watched(chunk: str) -> bool | None:
         assert on_chunk is not None
         said = await on_chunk(chunk)
-        if chunk and shown(said):
+        if chunk and said is not False:  # ChunkCallback: False, held back
             started[0] = True
         return said
 

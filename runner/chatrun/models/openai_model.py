@@ -52,7 +52,7 @@ from chatrun.messages import (
     UserMessage,
     accepted_kinds,
 )
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse, ModerationResult, shown
+from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse, ModerationResult
 from chatrun.models.fallback import RETRY_STATUS, unavailable_reason
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -384,7 +384,7 @@ class OpenAIModel:
                         content = whole_text("streamed content", content, chunk)
                         if content:
                             text.append(content)
-                            sent[0] = shown(await on_chunk(content)) or sent[0]
+                            sent[0] = (await on_chunk(content)) is not False or sent[0]  # ChunkCallback: False, held back
                     for part in delta.tool_calls or []:
                         add_delta(calls, part)
         finally:

@@ -48,7 +48,6 @@ from chatrun.models.base import (
     ModelRequest,
     ModelResponse,
     ModerationResult,
-    shown,
 )
 
 MODES = ("native", "text", "auto")
@@ -332,7 +331,7 @@ class HeldBack:
 
     async def show(self, text: str) -> None:
         self.shown.append(text)
-        self.reached = shown(await self.on_chunk(text)) or self.reached
+        self.reached = (await self.on_chunk(text)) is not False or self.reached  # ChunkCallback
 
 
 # -- the wrapper ------------------------------------------------------------------------------------
