@@ -79,3 +79,20 @@ def test_a_sentence_released_before_the_failure_stands_and_no_fallback_repeats_i
         events = asyncio.run(run())
     assert [e.data for e in events if e.type == "Stream"] == ["Zorblax says hi. "]
     assert events[-1].type == "Error" and [r["model"] for r in fake.requests] == ["gpt-4o-mini"]
+
+
+def test_a_dropped_stream_behind_a_held_reply_is_retried_on_its_own_model(tmp_path, monkeypatch, caplog):
+    """`max_retries` works behind the hold too (the model's own retry, before any fallback), on a
+    route with tools: the retry's answer is the reply, whole, and nothing is said of a mismatch."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "bot.yaml").write_text(BOT.replace("max_retries: 0", "max_retries: 1"))
+        fake.queue(PRIMARY, {"chunks": FALLBACK})
+
+        async def run() -> list[Any]:
+            return [e async for e in chatrun.load_bot(tmp_path / "bot.yaml").session().stream("hello")]
+        events = asyncio.run(run())
+    assert [(e.type, e.data) for e in events] == [("Message", "The fallback answers whole.")]
+    assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o-mini"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

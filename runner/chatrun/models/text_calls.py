@@ -297,6 +297,7 @@ class HeldBack:
         self.shown: list[str] = []
         self.holding = False  # a call started: everything else waits for the end
         self.reached = False  # whether what was passed on reached the user (models/base.py ChunkCallback)
+        self.held_back = False  # whether `on_chunk` held something back: it sends the final text itself
 
     async def send(self, chunk: str) -> bool:
         """A chunk of the answer, passed on or held. Whether the answer has begun to reach the user:
@@ -321,6 +322,8 @@ class HeldBack:
 
     async def finish(self, text: str | None) -> None:
         """The answer ended, its final text is `text`: show what of it was not shown yet."""
+        if self.held_back:  # an output guardrail's hold judges the final text whole (a retry's too)
+            return
         shown = "".join(self.shown)
         final = text or ""
         if not final.startswith(shown):  # cannot happen (module doc); never repeat or garble a chunk
@@ -331,7 +334,8 @@ class HeldBack:
 
     async def show(self, text: str) -> None:
         self.shown.append(text)
-        self.reached = (await self.on_chunk(text)) is not False or self.reached  # ChunkCallback
+        said = await self.on_chunk(text)  # ChunkCallback: False, held back
+        self.reached, self.held_back = self.reached or said is not False, self.held_back or said is False
 
 
 # -- the wrapper ------------------------------------------------------------------------------------
