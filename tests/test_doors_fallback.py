@@ -8,6 +8,7 @@ a `release: sentence` hold has shown a sentence by then too (the engine test bel
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,3 +97,39 @@ def test_a_dropped_stream_behind_a_held_reply_is_retried_on_its_own_model(tmp_pa
     assert [(e.type, e.data) for e in events] == [("Message", "The fallback answers whole.")]
     assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o-mini"]
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_slack_reply_held_whole_is_posted_from_the_fallback_alone(tmp_path, fake, monkeypatch):
+    """The streamed channel (Slack posts a message and updates it as the reply streams): behind
+    a hold of the whole reply, the model dropping its stream midway leaves nothing posted of it;
+    the fallback's answer is the one message."""
+    pytest.importorskip("slack_sdk", reason="slack_sdk is not installed (pip install -e '.[test]' brings it)")
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from channel_support import FakeSlack, slack_message, slack_signed
+    from chatrun.server.channels.slack import Slack
+    from server_support import app_for_testclient, wait_until
+    from test_guardrails_server import SLACK_BOT
+
+    token, signing = "xoxb-test-token", "slack-signing-secret-0123"
+    monkeypatch.setattr(Slack, "stream_every", 0.0)  # every chunk let out is posted
+    bot = SLACK_BOT.replace("max_retries: 0", "max_retries: 0, fallback: [{name: gpt-4o}]").replace(
+        ", release: sentence", "")
+    with FakeSlack(token) as slack:
+        for name, value in (("SLACK_TOKEN", token), ("SLACK_SIGNING", signing), ("SLACK_API", slack.url + "/api"),
+                            ("CHATRUN_OUTBOX_POLL", "0.2")):
+            monkeypatch.setenv(name, value)
+        fake.queue_for("gpt-4o-mini", PRIMARY)
+        fake.queue_for("gpt-4o", {"chunks": FALLBACK})
+        (tmp_path / "bot.yaml").write_text(bot)
+        with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+            body = json.dumps(slack_message("Ev1", "hello")).encode()
+            headers = {"Content-Type": "application/json", **slack_signed(signing, body, int(time.time()))}
+            assert client.post("/channels/shop/slack", content=body, headers=headers).status_code == 200
+            wait_until(lambda: client.get("/outbox").json()["entries"] == [] and slack.calls("chat.postMessage"),
+                       what="the reply posted and the outbox emptied")
+            shown = [c["text"] for c in slack.calls("chat.postMessage") + slack.calls("chat.update")]
+    assert set(shown) == {"The fallback answers whole."}
+    assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o"]
