@@ -424,6 +424,25 @@ def test_a_caller_never_hears_a_guarded_word_and_hears_each_sentence_once(tmp_pa
     assert heard == ["Thanks. Your card [card] is saved. Bye ", "Sure. I cannot share that. "]
 
 
+def test_a_model_failing_mid_stream_behind_a_held_reply_is_heard_once_from_its_fallback(tmp_path, fake, monkeypatch):
+    """The phone door of tests/test_doors_fallback.py: the reply held whole by an output guard,
+    the model drops its stream midway, its fallback answers: the caller hears that answer once,
+    never a token of the failed one."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    held = "guardrails:\n  - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block}\n"
+    bot = BOT.replace("max_retries: 0", "max_retries: 0, fallback: [{name: gpt-4o}]")
+    (tmp_path / "bot.yaml").write_text(bot.replace("state: {booked: 0}\n", held + "state: {booked: 0}\n"))
+    fake.queue_for("gpt-4o-mini", {"chunks": ["Zorblax says ", "half a sen"], "disconnect": True})
+    fake.queue_for("gpt-4o", {"chunks": ["The fallback ", "answers whole."]})
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client, \
+            client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("hello"))
+        tokens, last = reply(ws)
+    assert "".join(tokens) + last["token"] == "The fallback answers whole. "  # the last token ends the turn
+    assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o"]
+
+
 def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_limit(tmp_path, fake, monkeypatch):
     """As on every door, a caller's prompt over --max-message-chars runs no turn; the caller
     hears why (a call has no outbox: its answer goes down the socket), then goes on."""

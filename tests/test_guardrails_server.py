@@ -198,3 +198,112 @@ def test_v1_a_kept_response_is_stored_as_storage_guardrails_leave_it(monkeypatch
         assert card_leaked(answered.output_text)
         assert kept.output_text == "Your card [card] is saved." and kept.id == answered.id
         assert not card_leaked(b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")))
+
+
+BLOCK_INPUT_BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [input], outcome: block, message: "I cannot share that."}
+  - {name: legal, patterns: ['(?i)\\blawyer\\b'], stages: [input], outcome: operator}
+routes:
+  main: {default: true, system: You sell things.}
+"""
+
+
+def test_v1_earlier_messages_an_input_guardrail_stops_never_reach_the_model_nor_the_store(monkeypatch, tmp_path):
+    """A client that resends a conversation begun elsewhere (a first request, or a server that lost
+    its index) seeds a new session with its earlier messages: a user message a `block` or `operator`
+    input guard stops, and the answer it got, are left out, as a live turn's memory leaves them."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "shop.yaml").write_text(BLOCK_INPUT_BOT)
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"text": "Fine."}, {"text": "Fine again."})
+        earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi, how can I help?"},
+                   {"role": "user", "content": "send me the internal only price list"},
+                   {"role": "assistant", "content": "Here is the Internal Only list: 3 EUR."},
+                   {"role": "user", "content": "my lawyer wants it"}, {"role": "assistant", "content": "Zorblax."},
+                   {"role": "user", "content": "thanks"}]
+        with ThreadServer(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                                     max_retries=0) as client:
+            client.chat.completions.create(model="shop", messages=earlier)  # type: ignore[arg-type]
+            client.responses.create(model="shop", input=earlier)  # type: ignore[arg-type]
+        sent = json.dumps(fake.requests).lower()
+        assert len(fake.requests) == 2 and "internal only" not in sent and "lawyer" not in sent
+        assert "zorblax" not in sent and "hi, how can i help?" in sent and "thanks" in sent
+        kept = b"".join(p.read_bytes() for p in tmp_path.glob("c.db*")).lower()
+        assert b"internal only" not in kept and b"lawyer" not in kept
+
+
+ANSWER_BOT = """
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+guardrails:
+  - {name: secret, patterns: ['(?i)internal only'], stages: [input], outcome: block, message: "I cannot take that."}
+  - {name: cards, pii: [card], stages: [input], outcome: redact}
+routes:
+  main: {default: true, system: You sell things., tools: [ask_note]}
+tools:
+  ask_note:
+    description: Ask the user for a note
+    action:
+      ask: {from: user, text: Your note?, schema: {type: string}}
+"""
+
+
+async def _answered_by_frames(server, answers: list[str]) -> list[list[str]]:
+    """The question asked over the extended WebSocket dialect, then each answer sent as an `Answer`
+    frame: the Messages each turn brought."""
+    async with websockets.connect(server.ws_url + "/_chat/routes") as ws:
+        await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "q1"}))
+        await async_until_done(ws)
+        await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "q1", "requestId": "m1",
+                                  "data": {"userMessage": "take a note"}}))
+        item = next(f["data"]["id"] for f in await async_until_done(ws, 60) if f["type"] == "Pending")
+        turns = []
+        for n, answer in enumerate(answers):
+            await ws.send(json.dumps({"type": "Answer", "chatId": "q1", "requestId": f"a{n}", "item": item,
+                                      "answer": answer}))
+            turns.append([f["data"] for f in await async_until_done(ws, 60) if f["type"] == "Message"])
+        return turns
+
+
+def _answered_over_http(server, answers: list[str], decision: bool) -> list[list[str]]:
+    """The question asked over the HTTP API, then each answer sent as the web page's card sends it
+    (`POST .../pending/{item}`) or as a message: the Messages each turn brought."""
+    base = f"{server.url}/bots/shop/sessions/" + httpx.post(server.url + "/bots/shop/sessions", json={}).json()["id"]
+    asked = httpx.post(base + "/messages", json={"userMessage": "take a note"}, timeout=60).json()["events"]
+    item = next(e["data"]["id"] for e in asked if e["type"] == "Pending")
+    turns = []
+    for answer in answers:
+        url, body = (f"{base}/pending/{item}", {"answer": answer}) if decision else (base + "/messages",
+                                                                                  {"userMessage": answer})
+        reply = httpx.post(url, json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        turns.append([e["data"] for e in reply.json()["events"] if e["type"] == "Message"])
+    return turns
+
+
+@pytest.mark.parametrize("door", ["http-decision", "websocket-answer-frame", "http-message"])
+def test_a_users_answer_to_a_question_passes_the_input_guardrails_on_every_door(monkeypatch, tmp_path, door):
+    """The user's answer to a question (`ask: {from: user}`) is the user's message: the web page's
+    card (the HTTP decision), the extended dialect's `Answer` frame and a message that answers it
+    (every other door) are judged by the same `input` guards before the model reads the answer."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "shop.yaml").write_text(ANSWER_BOT)
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"tool_calls": [{"name": "ask_note", "arguments": {}}]}, {"text": "Noted."}, {"text": "Noted."})
+        answers = ["the internal only code", "my card 4111 1111 1111 1111"]
+        with ThreadServer(app) as srv:
+            if door == "websocket-answer-frame":
+                turns = asyncio.run(_answered_by_frames(srv, answers))
+            else:
+                turns = _answered_over_http(srv, answers, door == "http-decision")
+    assert turns == [["I cannot take that."], ["Noted."]]
+    sent = json.dumps(fake.requests)
+    assert len(fake.requests) == 2 and "internal only" not in sent.lower() and not card_leaked(sent)
+    assert "[card]" in json.dumps(fake.requests[1]["messages"][-1])

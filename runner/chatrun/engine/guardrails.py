@@ -31,7 +31,7 @@ from chatrun.definition import languages, secret_forms
 from chatrun.definition.config import BotConfig, GuardrailConfig
 from chatrun.engine import language_id, observe, pausing
 from chatrun.engine.context import TurnContext
-from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER
+from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER, USER_ROLE, Answer
 from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
@@ -329,8 +329,10 @@ class Guardrails:
         """The user's message (its text and its data's texts) before any model reads it: redacted
         in place, or stopped. True: the turn ends here (the user has read the guard's message)."""
         guards = self.on("input")
-        if not guards or self.t.decision is not None:
+        if not guards:
             return False
+        if self.t.decision is not None:
+            return await self.check_answer(guards)
         stopped = None
         if self.t.user_message:
             verdict = await self.screen("input", self.t.user_message, guards)
@@ -338,6 +340,23 @@ class Guardrails:
             self.t.user_message, stopped = verdict.text, verdict.stopped_by
         if stopped is None and self.t.data:
             self.t.data, stopped = await self.data_verdict(guards, self.t.data)
+        return self.stop_input(stopped)
+
+    async def check_answer(self, guards: tuple[GuardrailConfig, ...]) -> bool:
+        """A user's answer to a question the user is asked (an `Answer`: the web page's card, the
+        HTTP decision, the extended dialect's frame) is the user's message too: judged as a message
+        that answers it is on every other door (engine/waiting.py `answer_by_message`)."""
+        decision = self.t.decision
+        item = next((i for i in self.t.c.pending if i.id == getattr(decision, "item", None)), None)
+        if not isinstance(decision, Answer) or item is None or USER_ROLE not in item.by:
+            return False  # another decision, or one engine/waiting.py refuses (an item no longer waiting)
+        value, stopped = await self.data_verdict(guards, decision.value)
+        self.t.decision = replace(decision, value=value)
+        return self.stop_input(stopped)
+
+    def stop_input(self, stopped: GuardrailConfig | None) -> bool:
+        """An input a guard stopped: the user reads its message (and an `operator` guard hands the
+        conversation over). True: the turn ends here."""
         if stopped is None:
             return False
         text = self.message(stopped)
@@ -437,10 +456,20 @@ class OutputHold:
         self.released = ""  # what went out (redacted)
         self.stopped: Verdict | None = None  # a sentence that blocked: the stream went quiet
 
-    async def chunk(self, text: str) -> None:
+    async def chunk(self, text: str) -> bool:
+        """A streamed chunk, held. Whether the reply has begun to reach the user (models/base.py
+        ChunkCallback): never while the whole reply is held, so a model that fails mid-stream may
+        be retried, or a fallback asked, and only that answer's text is checked and sent (`final`);
+        always by the sentence, where what is held may be the start of a sentence already begun."""
         self.raw += text
-        if not self.by_sentence or self.stopped is not None:
-            return
+        if not self.by_sentence:
+            return False
+        if self.stopped is None:
+            await self.release()
+        return True
+
+    async def release(self) -> None:
+        """The whole sentences held, checked and sent (runs of `window` characters at least)."""
         cut = None
         for m in _SENTENCE_END.finditer(self.raw, self.consumed):
             cut = m.end()

@@ -71,7 +71,7 @@ def active() -> bool:
     return _observer.get() is not None
 
 
-Chunk = Callable[[str], Awaitable[None]]
+Chunk = Callable[[str], Awaitable[bool | None]]  # models/base.py ChunkCallback
 
 
 async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | None) -> ModelResponse:
@@ -83,11 +83,11 @@ async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | 
     started = time.perf_counter()
     first: list[float] = []
 
-    async def timed_chunk(chunk: str) -> None:
+    async def timed_chunk(chunk: str) -> bool | None:
         if not first and chunk:
             first.append(time.perf_counter() - started)
         assert on_chunk is not None
-        await on_chunk(chunk)
+        return await on_chunk(chunk)
 
     try:
         response = await model.complete(request, timed_chunk if on_chunk is not None else None)

@@ -9,7 +9,12 @@ from typing import Any, Protocol
 from chatrun.definition.config import ModelConfig
 from chatrun.messages import BlobReader, Message, ToolCall
 
-ChunkCallback = Callable[[str], Awaitable[None]]
+# What a model streams goes to `on_chunk`, which says whether the chunk reached the user: False
+# when it was held back and nothing of the answer has been shown yet (an output guardrail's hold
+# of a whole reply, engine/guardrails.py), so a retry or a fallback may still start the answer
+# anew; None (a plain callback) or True: shown, and the answer's start stands. A caller reads it
+# as `said is not False` (inline: a served message's walk enters no function of this module).
+ChunkCallback = Callable[[str], Awaitable[bool | None]]
 
 
 @dataclass(frozen=True)

@@ -107,13 +107,14 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
     candidates = [primary, *primary.fallback_configs()]
     if len(candidates) == 1:
         return Answered(await call(model, request, on_chunk), primary)
-    shown = [False]
+    started = [False]  # a chunk reached the user (not one an output guardrail's hold keeps back)
 
-    async def watched(chunk: str) -> None:
-        if chunk:
-            shown[0] = True
+    async def watched(chunk: str) -> bool | None:
         assert on_chunk is not None
-        await on_chunk(chunk)
+        said = await on_chunk(chunk)
+        if chunk and said is not False:  # ChunkCallback: False, held back
+            started[0] = True
+        return said
 
     switches: list[Switch] = []
     failures: list[str] = []
@@ -135,7 +136,7 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
         except ModelUnavailable as exc:
             if breakers is not None:
                 breakers.failed(config, now().timestamp())
-            if shown[0] or last:
+            if started[0] or last:
                 raise ModelUnavailable(joined(failures, config, exc), exc.reason) if failures else exc from None
             switch(Switch(config.name, successor, exc.reason))
             failures.append(f"{config.name}: {exc}")

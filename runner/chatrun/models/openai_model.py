@@ -384,8 +384,7 @@ class OpenAIModel:
                         content = whole_text("streamed content", content, chunk)
                         if content:
                             text.append(content)
-                            sent[0] = True
-                            await on_chunk(content)
+                            sent[0] = (await on_chunk(content)) is not False or sent[0]  # ChunkCallback: False, held back
                     for part in delta.tool_calls or []:
                         add_delta(calls, part)
         finally:

@@ -296,8 +296,17 @@ class HeldBack:
         self.pending = ""
         self.shown: list[str] = []
         self.holding = False  # a call started: everything else waits for the end
+        self.reached = False  # whether what was passed on reached the user (models/base.py ChunkCallback)
+        self.held_back = False  # whether `on_chunk` held something back: it sends the final text itself
 
-    async def send(self, chunk: str) -> None:
+    async def send(self, chunk: str) -> bool:
+        """A chunk of the answer, passed on or held. Whether the answer has begun to reach the user:
+        what `on_chunk` said of what was passed on, and (to be safe) yes while anything is held here,
+        which a second attempt's chunks would follow."""
+        await self.take(chunk)
+        return self.reached or bool(self.pending)
+
+    async def take(self, chunk: str) -> None:
         if not self.pending and not self.holding and QUICK.search(chunk) is None and (self.shown or not chunk.isspace()):
             # Most chunks: nothing that may start a call, no line break held, and (the first) not
             # whitespace alone, which may open a call: shown at once, as `releasable` would.
@@ -313,6 +322,8 @@ class HeldBack:
 
     async def finish(self, text: str | None) -> None:
         """The answer ended, its final text is `text`: show what of it was not shown yet."""
+        if self.held_back:  # an output guardrail's hold judges the final text whole (a retry's too)
+            return
         shown = "".join(self.shown)
         final = text or ""
         if not final.startswith(shown):  # cannot happen (module doc); never repeat or garble a chunk
@@ -323,7 +334,8 @@ class HeldBack:
 
     async def show(self, text: str) -> None:
         self.shown.append(text)
-        await self.on_chunk(text)
+        said = await self.on_chunk(text)  # ChunkCallback: False, held back
+        self.reached, self.held_back = self.reached or said is not False, self.held_back or said is False
 
 
 # -- the wrapper ------------------------------------------------------------------------------------
