@@ -1,0 +1,94 @@
+"""`chatrun report` and `/metrics` agree on a `/v1` conversation whose answer was regenerated
+(docs/report.md, "Forks"): the fork made by the regenerate (docs/openai-api.md, "Sessions")
+is a branch of the same conversation, not a second one. Its outcome recorded before the fork
+point is counted once, and the turns before the fork point are billed once. Through the real
+openai SDK, a real server on a loopback port, its SQLite store and the report's command."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import openai
+import pytest
+from click.testing import CliRunner
+
+import chatrun
+from chat_support import call
+from chatrun.cli.report import report
+from chatrun.server import create_app
+from server_support import ThreadServer
+from test_outcomes import Cells
+
+pytestmark = pytest.mark.slow  # a server on a loopback port
+
+BOT = """
+name: desk
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+prices: {gpt-4o-mini: {input: 1.0, output: 2.0}}
+events:
+  TicketClosed: {audience: backend}
+outcomes:
+  resolved: {event: TicketClosed}
+routes:
+  main:
+    default: true
+    system: You help.
+    tools: [close_ticket]
+tools:
+  close_ticket:
+    description: Close the ticket
+    action: {emit: {TicketClosed: {why: done}}}
+"""
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the series of `name` whose labels include `labels`."""
+    total = 0.0
+    for found, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        if all(f'{k}="{v}"' in found for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def report_cells(tmp_path, store: str) -> dict:
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(report, ["--store", store, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cells = Cells()
+    cells.feed(out.read_text())
+    return cells.values
+
+
+def test_a_regenerated_answer_is_one_conversation_resolved_once_and_billed_once(fake, write_bot, tmp_path):
+    bot = chatrun.load_bot(write_bot(BOT))
+    store = f"sqlite:///{tmp_path}/desk.db"
+    with ThreadServer(create_app([bot], store)) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+        fake.queue(call("close_ticket"), {"text": "Closed."})
+        messages = [{"role": "user", "content": "close my ticket"}]
+        first = client.chat.completions.create(model="desk", messages=messages)
+        messages += [{"role": "assistant", "content": "Closed."}, {"role": "user", "content": "thanks"}]
+        for answer in ("Bye.", "Goodbye!"):  # the second is the user's regenerate: a fork from turn 1
+            fake.queue({"text": answer})
+            reply = client.chat.completions.create(model="desk", messages=messages)
+        assert reply.model_extra["chatrun"]["how"] == "forked"
+        assert reply.model_extra["chatrun"]["forked_from"] == first.model_extra["chatrun"]["session"]
+        original, fork = first.model_extra["chatrun"]["session"], reply.model_extra["chatrun"]["session"]
+        # Turn 1's reply is the original's in both branches: rated down there, then up in the fork
+        # (the newer rating of the same reply counts); each branch's turn 2 is a reply of its own.
+        for session, turn, rating in ((original, 1, "down"), (fork, 1, "up"), (original, 2, "down"), (fork, 2, "up")):
+            rated = httpx.post(f"{server.url}/bots/desk/sessions/{session}/feedback",
+                               json={"turn": turn, "rating": rating}, timeout=30)
+            assert rated.status_code == 201, rated.text
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    billed = metric(text, "chatrun_cost_total", bot="desk")
+    assert billed > 0 and len(fake.requests) == 4  # four model calls, each billed once
+    assert metric(text, "chatrun_outcomes_total", bot="desk", outcome="resolved") == 1
+    v = report_cells(tmp_path, store)
+    assert v[("all", "conversations")] == 1  # the user had one conversation, in two branches
+    assert v[("all", "resolution")] == 1.0
+    assert v[("all", "cost_per_resolved")] == pytest.approx(billed)  # the metric's cost: nothing twice
+    assert v[("all", "turns")] == 3  # each branch's own turns
+    assert metric(text, "chatrun_feedback_total", bot="desk") == 4  # every rating given (docs/observability.md)
+    assert v[("all", "ratings")] == 3 and v[("all", "csat")] == pytest.approx(2 / 3)  # each reply's newest
