@@ -34,8 +34,13 @@ routes:
   main:
     default: true
     system: You help.
-    tools: [close_ticket]
+    tools: [close_ticket, escalate]
+  human:
+    system: A person will answer.
 tools:
+  escalate:
+    description: Hand over to a person
+    action: {route: human}
   close_ticket:
     description: Close the ticket
     action: {emit: {TicketClosed: {why: done}}}
@@ -92,3 +97,30 @@ def test_a_regenerated_answer_is_one_conversation_resolved_once_and_billed_once(
     assert v[("all", "turns")] == 3  # each branch's own turns
     assert metric(text, "chatrun_feedback_total", bot="desk") == 4  # every rating given (docs/observability.md)
     assert v[("all", "ratings")] == 3 and v[("all", "csat")] == pytest.approx(2 / 3)  # each reply's newest
+
+
+def test_a_rating_in_a_fork_of_a_turn_before_its_fork_point_counts_under_the_route_that_turn_ran_on(
+        fake, write_bot, tmp_path):
+    """chatrun_feedback_total's `route` is the route the rated turn ran on (docs/observability.md):
+    in a fork, a turn from before the fork point ran in its original, whose history holds it."""
+    bot = chatrun.load_bot(write_bot(BOT))
+    with ThreadServer(create_app([bot], f"sqlite:///{tmp_path}/desk.db")) as server, \
+            openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+        messages: list = []
+        for said, answers in (("hi", [{"text": "Hello."}]),  # turn 1, on main
+                              ("a person please", [call("escalate"), {"text": "A person will answer."}]),
+                              ("thanks", [{"text": "Bye."}]), ("thanks", [{"text": "Goodbye!"}])):
+            fake.queue(*answers)
+            if not messages or messages[-1]["role"] == "assistant":
+                messages.append({"role": "user", "content": said})
+            reply = client.chat.completions.create(model="desk", messages=messages)
+            if said != "thanks":
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        assert reply.model_extra["chatrun"]["how"] == "forked" and reply.model_extra["chatrun"]["route"] == "human"
+        fork = reply.model_extra["chatrun"]["session"]
+        rated = httpx.post(f"{server.url}/bots/desk/sessions/{fork}/feedback", json={"turn": 1, "rating": "down"},
+                           timeout=30)
+        assert rated.status_code == 201 and rated.json()["route"] == "main", rated.text
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    assert metric(text, "chatrun_feedback_total", bot="desk", route="main", rating="down") == 1
+    assert metric(text, "chatrun_feedback_total", bot="desk", route="human") == 0
