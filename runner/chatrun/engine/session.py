@@ -530,6 +530,19 @@ class Session:
                 else self.history if isinstance(self.store, HistoryStore) else []
         return route_of_turn(history, turn) or self.route
 
+    def left_for_fork(self) -> bool:
+        """Its user went on in a `/v1` fork of it (a regenerated answer, an edited message): an
+        armed `silent_for` outcome is dropped and the session committed (outcomes.disarm), so the
+        branch left behind is not recorded `abandoned` beside the fork's own outcome. Whether
+        anything changed. Between turns only."""
+        if self._running:
+            raise SessionError(f"session {self.id} is running a turn; it is left for a fork between turns")
+        if not outcomes.disarm(self._c):
+            return False
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [])
+        return True
+
     def notice(self, text: str, why: str) -> None:
         """Tell the session's user `text` where they are (a channel's chat: `meta.reply_to`) with
         no turn: an entry of its own in the history (`{"notice": {"text", "why"}, "at"}`: no

@@ -372,6 +372,7 @@ class TurnIndex:
                     return
             fork_id = await self._fork(record)
             if fork_id is not None:
+                await self._left(ident, who, record["session"])
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
@@ -453,6 +454,7 @@ class TurnIndex:
                 original = await registry.store.load_session(started["session"])
                 session.take_up({"session": started["session"], "turn": 0, "keys": started["keys"]},
                                 original.snapshot.get(DONE_CALLS_KEY) if original is not None else None)
+                await self._left(ident, who, started["session"])
             elif ident.in_chat and not ident.earlier and ident.previous is None:
                 await self.records.put_record(ident.start_key(_owner(who)), {
                     "bot": ident.bot, "session": session_id, "keys": session_id}, session_id)
@@ -466,6 +468,15 @@ class TurnIndex:
                     await asyncio.shield(registry.discard_unused(session))
                 except Exception as exc:  # the request's own outcome stands; the session stays
                     log.warning("session %s ran no turn and was not deleted: %s", session_id, exc)
+
+    async def _left(self, ident: Identity, who: Principal | None, original: str) -> None:
+        """The session a fork was just made from, its user gone on in the fork: its armed silence
+        dropped, so that branch is not recorded `abandoned` beside the fork (docs/report.md,
+        "Forks"). A failure is logged; the request goes on."""
+        try:
+            await self.registry.left_for_fork(ident.bot, original, who)
+        except Exception as exc:  # the fork stands; that branch may be recorded abandoned later
+            log.warning("session %s was forked from, but its silence stays armed: %s", original, exc)
 
     async def _look_up(self, claim: str | None, key: str | None,
                        session_id: str | None) -> tuple[dict[str, Any] | None, bool]:

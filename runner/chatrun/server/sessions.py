@@ -297,6 +297,14 @@ class SessionRegistry:
                 self.metrics.feedback_given(session.bot.name, str(data["route"]), str(data["rating"]))
             return data
 
+    async def left_for_fork(self, bot_name: str, session_id: str, principal: Principal | None) -> None:
+        """Session `session_id`'s user went on in a `/v1` fork of it: its armed silence dropped and
+        committed (Session.left_for_fork). Nothing when it is gone or has none. RequestFailed."""
+        async with self.session(bot_name, session_id, principal, EXISTING) as session:
+            if session.left_for_fork():
+                hold = self._hold_of(session)
+                await self.writes.commit(hold.slot, session.id, hold.lease)
+
     async def _history_of_turn(self, session: Session, turn: int) -> list[dict[str, Any]]:
         """The stored history that holds turn `turn` of `session`: its own, or for a turn of a `/v1`
         fork from before its fork point, the original's that ran it (a fork's history starts after
