@@ -97,6 +97,24 @@ def test_a_regenerated_answer_is_one_conversation_resolved_once_and_billed_once(
     assert v[("all", "turns")] == 3  # each branch's own turns
     assert metric(text, "chatrun_feedback_total", bot="desk") == 4  # every rating given (docs/observability.md)
     assert v[("all", "ratings")] == 3 and v[("all", "csat")] == pytest.approx(2 / 3)  # each reply's newest
+    assert same_through_the_protocol(tmp_path / "desk.db")
+
+
+def same_through_the_protocol(path) -> bool:
+    """Other stores (Redis's) are read through the store protocol: the same conversations."""
+    import asyncio
+
+    from chatrun.report.read import _branch, _protocol_rows, joined, read_conversations
+    from chatrun.store.local import LocalAsyncStore
+    from chatrun.store.sqlite import SQLiteStore
+
+    async def both():
+        store = LocalAsyncStore(SQLiteStore(str(path)), "sqlite")
+        return await read_conversations(store), [row async for row in _protocol_rows(store)]
+
+    fast, rows = asyncio.run(both())
+    generic = joined(b for b in (_branch(*row) for row in rows) if b is not None)
+    return len(fast) == 1 and repr(fast) == repr(generic)
 
 
 def test_a_rating_in_a_fork_of_a_turn_before_its_fork_point_counts_under_the_route_that_turn_ran_on(
