@@ -145,6 +145,7 @@ def joined(branches: Iterable[Branch]) -> list[Conversation]:
 def _one(branches: list[Branch]) -> Conversation:
     """The branches of one conversation as one: the newest branch's outcome (else the newest
     other's), route, version and locale; every branch's own turns, usage and ratings."""
+    branches = sorted(branches, key=lambda b: b.conversation.started)  # the same order from any store
     by_id = {b.id: b for b in branches}
     newest = sorted(branches, key=lambda b: b.last, reverse=True)
     head = newest[0].conversation
@@ -159,7 +160,7 @@ def _one(branches: list[Branch]) -> Conversation:
     return Conversation(head.bot, head.version, head.locale, outcome, head.route,
                         min(b.conversation.started for b in branches), sum(costs) if costs else None,
                         sum(b.conversation.tokens for b in branches),
-                        [s for b in branches for s in b.conversation.seconds], [r for _, r in rated.values()])
+                        [s for b in branches for s in b.conversation.seconds], [r for _, r in sorted(rated.values())])
 
 
 def _owner(branch: Branch, turn: int, by_id: dict[str, Branch]) -> str:
