@@ -98,6 +98,15 @@ def route_of_turn(history: list[JSONObject], turn: int) -> str | None:
     return None
 
 
+def rating_of_turn(history: list[JSONObject], turn: int) -> JSONObject | None:
+    """The newest rating of turn `turn` in `history` (a `{"feedback"}` entry's data), or None."""
+    for entry in reversed(history):
+        found = entry.get("feedback")
+        if isinstance(found, dict) and found.get("turn") == turn:
+            return found
+    return None
+
+
 def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
     """What the snapshot records of a turn committed with history `entry`."""
     return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
