@@ -6,6 +6,7 @@ openai SDK, a real server on a loopback port, its SQLite store and the report's 
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import httpx
@@ -144,44 +145,64 @@ def test_a_rating_in_a_fork_of_a_turn_before_its_fork_point_counts_under_the_rou
     assert metric(text, "chatrun_feedback_total", bot="desk", route="human") == 0
 
 
+def stored(store_url: str, session: str) -> dict:
+    """A session's snapshot as its store keeps it (read as `chatrun report` reads other stores)."""
+    import asyncio
+
+    from chatrun.store.aio import open_async_store
+
+    async def read() -> dict:
+        store = open_async_store(store_url)
+        try:
+            record = await store.load_session(session)
+            return record.snapshot if record is not None else {}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 @pytest.mark.subprocess
-def test_the_branch_a_regenerate_left_is_not_recorded_abandoned_beside_the_fork(fake, write_bot, tmp_path):
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_the_branch_a_regenerate_left_is_not_recorded_abandoned_beside_the_fork(kind, request, fake, tmp_path):
     """The user regenerated the second answer and went on in the fork: the original branch falls
     silent, but the conversation did not. Its armed silence is dropped when the fork is made, so
-    the sweeper records `abandoned` once, for the fork (the branch the user left is left alone):
-    one in chatrun_outcomes_total, one abandoned conversation in the report."""
+    the sweepers record `abandoned` once, for the fork (the branch the user left is left alone):
+    one in chatrun_outcomes_total over every replica, one abandoned conversation in the report.
+    On SQLite, and on Redis with the regenerate sent to the other replica."""
     from datetime import UTC, datetime, timedelta
 
-    from chatrun.store.sqlite import SQLiteStore
     from redis_support import Replica
     from server_support import wait_until
 
-    bot, clock, db = tmp_path / "desk.yaml", tmp_path / "clock", tmp_path / "desk.db"
+    bot, clock = tmp_path / "desk.yaml", tmp_path / "clock"
     bot.write_text(BOT.replace("  resolved: {event: TicketClosed}\n",
                                "  resolved: {event: TicketClosed}\n  abandoned: {silent_for: 30m}\n"))
     start = datetime.now(UTC)
     clock.write_text(start.isoformat())
-    replica = Replica(str(bot), f"sqlite:///{db}", fake.base_url, "--clock-file", str(clock), "--sweep-interval", "0.3")
-    with replica.served() as server:
-        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
-            fake.queue({"text": "Hello."})
-            messages = [{"role": "user", "content": "hi"}]
-            first = client.chat.completions.create(model="desk", messages=messages)
-            messages += [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "help"}]
-            for answer in ("Sure.", "Of course."):  # the second: the user's regenerate, a fork from turn 1
-                fake.queue({"text": answer})
-                reply = client.chat.completions.create(model="desk", messages=messages)
+    store = f"sqlite:///{tmp_path / 'desk.db'}" if kind == "sqlite" else request.getfixturevalue("redis_server").url()
+    replicas = [Replica(str(bot), store, fake.base_url, "--clock-file", str(clock), "--sweep-interval", "0.3")
+                for _ in range(1 if kind == "sqlite" else 2)]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(r.served()) for r in replicas]
+        fake.queue({"text": "Hello."})
+        messages = [{"role": "user", "content": "hi"}]
+        first = sdk(servers[0]).chat.completions.create(model="desk", messages=messages)
+        messages += [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "help"}]
+        for server, answer in ((servers[0], "Sure."), (servers[-1], "Of course.")):  # then the user's regenerate
+            fake.queue({"text": answer})
+            reply = sdk(server).chat.completions.create(model="desk", messages=messages)
         original, fork = first.model_extra["chatrun"]["session"], reply.model_extra["chatrun"]["session"]
         assert reply.model_extra["chatrun"]["how"] == "forked" and fork != original
         clock.write_text((start + timedelta(minutes=31)).isoformat())
-        store = SQLiteStore(str(db))
-        try:
-            wait_until(lambda: (store.load_session(fork).get("outcome") or {}).get("name") == "abandoned",
-                       what="the fork recorded abandoned by the sweeper")
-            assert "outcome" not in store.load_session(original)  # not armed: nothing for a sweeper
-        finally:
-            store.close()
-        text = httpx.get(server.url + "/metrics", timeout=30).text
-    assert metric(text, "chatrun_outcomes_total", bot="desk", outcome="abandoned") == 1
-    v = report_cells(tmp_path, f"sqlite:///{db}")
+        wait_until(lambda: (stored(store, fork).get("outcome") or {}).get("name") == "abandoned",
+                   what="the fork recorded abandoned by a sweeper")
+        assert "outcome" not in stored(store, original)  # not armed: nothing for a sweeper
+        texts = [httpx.get(server.url + "/metrics", timeout=30).text for server in servers]
+    assert sum(metric(t, "chatrun_outcomes_total", bot="desk", outcome="abandoned") for t in texts) == 1
+    v = report_cells(tmp_path, store)
     assert v[("all", "conversations")] == 1 and v[("all", "abandonment")] == 1.0
+
+
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)

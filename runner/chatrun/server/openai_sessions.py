@@ -71,6 +71,7 @@ from chatrun.store.record import (
     encode_messages,
     forked_snapshot,
     from_json,
+    outcome_of,
     renamed_id,
     to_json,
 )
@@ -474,7 +475,9 @@ class TurnIndex:
         dropped, so that branch is not recorded `abandoned` beside the fork (docs/report.md,
         "Forks"). A failure is logged; the request goes on."""
         try:
-            await self.registry.left_for_fork(ident.bot, original, who)
+            stored = await self.registry.store.load_session(original)
+            if stored is not None and "due" in (outcome_of(stored.snapshot) or {}):  # most: nothing armed
+                await self.registry.left_for_fork(ident.bot, original, who)
         except Exception as exc:  # the fork stands; that branch may be recorded abandoned later
             log.warning("session %s was forked from, but its silence stays armed: %s", original, exc)
 
