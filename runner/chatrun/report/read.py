@@ -95,39 +95,43 @@ class Branch:
     parent: str | None  # the session it forked from, None: not a fork
     fork_turn: int  # the parent's turn it forked after
     last: float  # when its last turn ran that was not the sweeper's
-    rated: dict[int, tuple[float, str]]  # turn -> (when, its newest rating)
+    rated: dict[Any, tuple[Any, str]]  # turn -> (when, as kept; its newest rating)
     conversation: Conversation  # its values, its usage its own (what it carried over taken off)
 
 
 def _branch(values: tuple[Any, ...], entries: Iterable[tuple[Any, ...]]) -> Branch | None:
-    bot, version, state_locale, meta_locale, outcome, route, cost, input_tokens, output_tokens = values[:9]
-    sid, keys, parent, fork_turn, carried_cost, carried_in, carried_out = values[9:]
+    (bot, version, state_locale, meta_locale, outcome, route, cost, input_tokens, output_tokens,
+     sid, keys, parent, fork_turn, carried_cost, carried_in, carried_out) = values
     started: float | None = None
-    last = 0.0
+    last: Any = 0.0
     seconds: list[float] = []
-    rated: dict[int, tuple[float, str]] = {}
-    for turn, at, ok, took, decision, rated_turn, rating in entries:
-        when = float(at) if isinstance(at, int | float) else 0.0
+    rated: dict[Any, tuple[Any, str]] = {}
+    for turn, at, ok, took, decision, rated_turn, rating in entries:  # in the order they were kept
         if turn is not None:
-            started = when if started is None and isinstance(at, int | float) else started
+            if started is None and isinstance(at, int | float):
+                started = float(at)
             if decision != EXPIRE:
-                last = max(last, when)
+                last = at
                 if ok and isinstance(took, int | float):
                     seconds.append(float(took))
-        elif isinstance(rating, str) and isinstance(rated_turn, int):
-            rated[rated_turn] = (when, rating)  # a later rating of the same turn supersedes the earlier
+        elif isinstance(rating, str):
+            rated[rated_turn] = (at, rating)  # a later rating of the same turn supersedes the earlier
     if started is None or not isinstance(bot, str):
         return None  # never ran a turn: not a conversation yet
     locale = state_locale if isinstance(state_locale, str) and state_locale else meta_locale
-    own_cost = _less(cost, carried_cost) if isinstance(cost, int | float) else None
-    tokens = int(input_tokens or 0) + int(output_tokens or 0) - int(carried_in or 0) - int(carried_out or 0)
+    own_cost = None if not isinstance(cost, int | float) else float(cost) if carried_cost is None \
+        else _less(cost, carried_cost)
+    tokens = int(input_tokens or 0) + int(output_tokens or 0)
+    if parent is not None:  # a fork: what it carried over was its original's
+        tokens -= int(carried_in or 0) + int(carried_out or 0)
     conversation = Conversation(bot, str(version or "")[:8], locale if isinstance(locale, str) and locale
                                 else NO_LOCALE, outcome if isinstance(outcome, str) else None, str(route or ""),
                                 started, own_cost, tokens, seconds)
     own = str(sid) if sid is not None else None
     root = keys if isinstance(keys, str) else own if own is not None else object()
     return Branch(own or "", root, parent if isinstance(parent, str) else None,
-                  fork_turn if isinstance(fork_turn, int) else 0, last, rated, conversation)
+                  fork_turn if isinstance(fork_turn, int) else 0, last if isinstance(last, int | float) else 0.0,
+                  rated, conversation)
 
 
 def _less(value: int | float, carried: Any) -> float:
@@ -139,7 +143,14 @@ def joined(branches: Iterable[Branch]) -> list[Conversation]:
     groups: dict[object, list[Branch]] = {}
     for branch in branches:
         groups.setdefault(branch.root, []).append(branch)
-    return [_one(group) for group in groups.values()]
+    return [_one(group) if len(group) > 1 else _alone(group[0]) for group in groups.values()]
+
+
+def _alone(branch: Branch) -> Conversation:
+    """A conversation never forked (most): its own values, its ratings each turn's newest."""
+    conversation = branch.conversation
+    conversation.ratings = [rating for _, rating in branch.rated.values()]
+    return conversation
 
 
 def _one(branches: list[Branch]) -> Conversation:
@@ -153,7 +164,8 @@ def _one(branches: list[Branch]) -> Conversation:
     costs = [b.conversation.cost for b in branches if b.conversation.cost is not None]
     rated: dict[tuple[str, int], tuple[float, str]] = {}
     for branch in branches:
-        for turn, (at, rating) in branch.rated.items():
+        for turn, (kept, rating) in branch.rated.items():
+            at = float(kept) if isinstance(kept, int | float) else 0.0
             key = (_owner(branch, turn, by_id), turn)  # a turn before the fork point is its original's reply
             if key not in rated or rated[key][0] <= at:
                 rated[key] = (at, rating)
@@ -163,9 +175,9 @@ def _one(branches: list[Branch]) -> Conversation:
                         [s for b in branches for s in b.conversation.seconds], [r for _, r in sorted(rated.values())])
 
 
-def _owner(branch: Branch, turn: int, by_id: dict[str, Branch]) -> str:
+def _owner(branch: Branch, turn: Any, by_id: dict[str, Branch]) -> str:
     """The id of the branch whose reply turn `turn` of `branch` is (its own after its fork point)."""
-    while branch.parent is not None and turn <= branch.fork_turn:
+    while branch.parent is not None and isinstance(turn, int) and turn <= branch.fork_turn:
         parent = by_id.get(branch.parent)
         if parent is None:  # the original is gone: its turns are still its
             return branch.parent
