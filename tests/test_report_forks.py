@@ -163,13 +163,15 @@ def stored(store_url: str, session: str) -> dict:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
-def test_the_branch_a_regenerate_left_is_not_recorded_abandoned_beside_the_fork(kind, request, fake, tmp_path):
+@pytest.mark.parametrize(("kind", "first_answer"), [("sqlite", False), ("redis", False), ("sqlite", True)])
+def test_the_branch_a_regenerate_left_is_not_recorded_abandoned_beside_the_fork(kind, first_answer, request, fake,
+                                                                                tmp_path):
     """The user regenerated the second answer and went on in the fork: the original branch falls
     silent, but the conversation did not. Its armed silence is dropped when the fork is made, so
     the sweepers record `abandoned` once, for the fork (the branch the user left is left alone):
     one in chatrun_outcomes_total over every replica, one abandoned conversation in the report.
-    On SQLite, and on Redis with the regenerate sent to the other replica."""
+    On SQLite, and on Redis with the regenerate sent to the other replica; and the first answer
+    of a front end's chat regenerated (a fork of the chat's start)."""
     from datetime import UTC, datetime, timedelta
 
     from redis_support import Replica
@@ -181,17 +183,21 @@ def test_the_branch_a_regenerate_left_is_not_recorded_abandoned_beside_the_fork(
     start = datetime.now(UTC)
     clock.write_text(start.isoformat())
     store = f"sqlite:///{tmp_path / 'desk.db'}" if kind == "sqlite" else request.getfixturevalue("redis_server").url()
-    replicas = [Replica(str(bot), store, fake.base_url, "--clock-file", str(clock), "--sweep-interval", "0.3")
-                for _ in range(1 if kind == "sqlite" else 2)]
+    replicas = [Replica(str(bot), store, fake.base_url, "--clock-file", str(clock), "--sweep-interval", "0.3",
+                        "--session-header", "X-Chat-Id") for _ in range(1 if kind == "sqlite" else 2)]
+    chat = {"X-Chat-Id": "c1"}
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(r.served()) for r in replicas]
         fake.queue({"text": "Hello."})
         messages = [{"role": "user", "content": "hi"}]
-        first = sdk(servers[0]).chat.completions.create(model="desk", messages=messages)
-        messages += [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "help"}]
-        for server, answer in ((servers[0], "Sure."), (servers[-1], "Of course.")):  # then the user's regenerate
+        first = sdk(servers[0]).chat.completions.create(model="desk", messages=messages, extra_headers=chat)
+        sent = [(servers[-1], "Of course.")]  # the user's regenerate of the first answer
+        if not first_answer:  # a second message answered, then its answer regenerated
+            messages += [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "help"}]
+            sent.insert(0, (servers[0], "Sure."))
+        for server, answer in sent:
             fake.queue({"text": answer})
-            reply = sdk(server).chat.completions.create(model="desk", messages=messages)
+            reply = sdk(server).chat.completions.create(model="desk", messages=messages, extra_headers=chat)
         original, fork = first.model_extra["chatrun"]["session"], reply.model_extra["chatrun"]["session"]
         assert reply.model_extra["chatrun"]["how"] == "forked" and fork != original
         clock.write_text((start + timedelta(minutes=31)).isoformat())

@@ -455,13 +455,14 @@ class TurnIndex:
                 original = await registry.store.load_session(started["session"])
                 session.take_up({"session": started["session"], "turn": 0, "keys": started["keys"]},
                                 original.snapshot.get(DONE_CALLS_KEY) if original is not None else None)
-                await self._left(ident, who, started["session"])
             elif ident.in_chat and not ident.earlier and ident.previous is None:
                 await self.records.put_record(ident.start_key(_owner(who)), {
                     "bot": ident.bot, "session": session_id, "keys": session_id}, session_id)
             try:
                 if started is not None:
                     yield Opened(session, FORKED, forked_from=started["session"])
+                    if session.turn_count:  # the fork stays (one that ran no turn is discarded below)
+                        await self._left(ident, who, started["session"])
                 else:
                     yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             finally:
