@@ -64,6 +64,28 @@ def test_a_rating_is_kept_with_its_turn_counted_and_sent_to_the_sink(served, rec
     wait_until(lambda: client.get("/outbox").json()["entries"] == [], what="the outbox emptied")
 
 
+def test_a_rating_sent_again_is_kept_counted_and_sent_once(served, receiver):
+    """A double click, a request retried after its answer was lost: the same rating (and comment)
+    of the same reply as its newest one is that rating again. Not kept, counted or sent again;
+    a changed rating is (docs/protocol.md, "Feedback on a reply")."""
+    client = served
+    client.post("/bots/survey/sessions", json={"id": "s3"})
+    assert client.post("/bots/survey/sessions/s3/messages", json={"userMessage": "3"}).json()["ok"] is True
+    sent = [("up", None), ("up", None), ("down", "Slow"), ("down", "Slow"), ("up", "last")]
+    for rating, comment in sent:
+        body = {"turn": 1, "rating": rating, **({"comment": comment} if comment else {})}
+        reply = client.post("/bots/survey/sessions/s3/feedback", json=body)
+        assert reply.status_code == 201 and reply.json()["rating"] == rating, reply.text
+    history = client.get("/bots/survey/sessions/s3").json()["history"]
+    assert [e["feedback"]["rating"] for e in history if "feedback" in e] == ["up", "down", "up"]
+    metrics = client.get("/metrics").text
+    assert 'chatrun_feedback_total{bot="survey",rating="up",route="main"} 2.0' in metrics
+    assert 'chatrun_feedback_total{bot="survey",rating="down",route="main"} 1.0' in metrics
+    got = receiver.wait_for(lambda seen: any(d.body["type"] == "Feedback" and d.body["data"].get("comment") == "last"
+                                             for d in seen), what="the last Feedback delivered")
+    assert [d.body["data"]["rating"] for d in got if d.body["type"] == "Feedback"] == ["up", "down", "up"]
+
+
 def test_a_rating_of_a_turn_that_did_not_run_or_without_a_rating_is_refused(served):
     client = served
     client.post("/bots/survey/sessions", json={"id": "s2"})

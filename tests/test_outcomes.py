@@ -273,10 +273,10 @@ def test_report_reads_other_stores_through_the_protocol(desk, tmp_path):
         return fast, generic
 
     fast, generic = asyncio.run(both())
-    from chatrun.report.read import _conversation
+    from chatrun.report.read import _branch, joined
 
     assert sorted((c.outcome, c.locale, c.ratings) for c in fast) == [("abandoned", "de", []), ("resolved", "en", ["up"])]
-    assert sorted(map(repr, fast)) == sorted(repr(_conversation(*row)) for row in generic)
+    assert sorted(map(repr, fast)) == sorted(map(repr, joined(b for b in (_branch(*row) for row in generic) if b)))
 
 
 def test_report_refuses_a_store_that_is_not_there(tmp_path):

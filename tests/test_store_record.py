@@ -96,11 +96,15 @@ def test_a_fork_renames_the_scopes_and_notes_its_origin(travel):
     snapshot, _ = stored_by_0_1(travel)
     forked = forked_snapshot(snapshot, "old", "new", 1)
     assert forked["id"] == "new" and [s["id"] for s in forked["scopes"]] == ["new.1", "new.2"]
-    assert forked["meta"] == {"owner": "ana", "forked_from": {"session": "old", "turn": 1, "keys": "old"}}
+    # What it carries over of the original's usage: billed there, not again in the fork (`chatrun report`).
+    carried = {"input_tokens": 42, "output_tokens": 15}
+    assert snapshot["usage"]["input_tokens"] == 42 and snapshot["usage"]["output_tokens"] == 15
+    assert forked["meta"] == {"owner": "ana", "forked_from": {"session": "old", "turn": 1, "keys": "old",
+                                                             "usage": carried}}
     assert snapshot["id"] == "old" and snapshot["scopes"][0]["id"] == "old.1"  # a copy
     # A fork of the fork notes its own origin, and keys its calls as the first original's.
     again = forked_snapshot(forked, "new", "newer", 1)["meta"]["forked_from"]
-    assert again == {"session": "new", "turn": 1, "keys": "old"}
+    assert again == {"session": "new", "turn": 1, "keys": "old", "usage": carried}
 
 
 def test_a_sqlite_file_written_by_0_1_loads(travel, tmp_path):

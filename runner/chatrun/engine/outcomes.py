@@ -49,6 +49,16 @@ def is_due(c: Conversation, now: datetime) -> bool:
     return recorded(c) is None and isinstance(due, str) and parse_time(due) <= now
 
 
+def disarm(c: Conversation) -> bool:
+    """Drop an armed silence (the conversation's user went on in a `/v1` fork of it: this branch's
+    silence is not the conversation's); its next turn, if it has one, arms it again. Whether
+    there was one to drop (a recorded outcome stays)."""
+    if recorded(c) is not None or "due" not in (c.outcome or {}):
+        return False
+    c.outcome = None
+    return True
+
+
 def decide(c: Conversation, turn: int, events: Iterable[ev.Event], expired: bool, now: datetime,
            emit: Emit) -> None:
     """After a turn that will be committed: record the first outcome whose condition holds

@@ -67,7 +67,14 @@ from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage,
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
 from chatrun.store.blobs import BlobArea
-from chatrun.store.record import OUTBOX_KEY, REMEMBERED_KEY, Remembered, route_of_turn, turns_of
+from chatrun.store.record import (
+    OUTBOX_KEY,
+    REMEMBERED_KEY,
+    Remembered,
+    rating_of_turn,
+    route_of_turn,
+    turns_of,
+)
 
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
@@ -499,26 +506,39 @@ class Session:
         history, as an entry of its own beside the turn's (`{"feedback": {...}, "at"}`: no
         `turn`, so no reader takes it for a turn); the bot's sinks that take `Feedback` events get
         it once it is committed, as a backend event. A later rating of the same turn supersedes
-        the earlier one (the newest entry counts). Its `route` is the one the rated turn ran on
-        (`_route_of`). Between turns only. SessionError for a turn that did not run."""
+        the earlier one (the newest entry counts); the same rating, comment and rater as the
+        turn's newest is that one again (a double click, a retried request): nothing is kept or
+        sent again (`give_rating`). Its `route` is the one the rated turn ran on (`_route_of`).
+        Between turns only. SessionError for a turn that did not run."""
+        return self.give_rating(turn, rating, comment, by, history)[0]
+
+    def give_rating(self, turn: int, rating: str, comment: str | None = None,
+                    by: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None
+                    ) -> tuple[dict[str, Any], bool]:
+        """`rate`, and whether the rating is new (False: it repeats the turn's newest, kept as it was)."""
         if self._running:
             raise SessionError(f"session {self.id} is running a turn; rate a turn between turns")
         if not 1 <= turn <= self.turn_count:
             ran = f"its turns are 1 to {self.turn_count}" if self.turn_count else "no turn has run yet"
             raise SessionError(f"session {self.id} has no turn {turn} to rate ({ran})")
+        if history is None and isinstance(self.store, HistoryStore):
+            history = self.history
         route = self._route_of(turn, history)
         data: dict[str, Any] = {"turn": turn, "rating": rating, "route": route}
         if comment:  # the user's words, kept in the history and the outbox: the `storage` guards apply
             data["comment"] = guardrails.kept_text(self.bot.config, [route], comment)
         if by is not None:
             data["by"] = by.get("name")
+        newest = rating_of_turn(history or [], turn)
+        if newest is not None and all(newest.get(k) == data.get(k) for k in ("rating", "comment", "by")):
+            return dict(newest), False
         event = Event(ev.FEEDBACK, data, turn, audience=ev.BACKEND)
         entry: dict[str, Any] = {"feedback": data, "at": time.time(), OUTBOX_KEY: _outbox(self.bot.config, self.id, [event])}
         if not entry[OUTBOX_KEY]:
             del entry[OUTBOX_KEY]
         with self._as_stored() as stored:
             self.store.commit_turn(self.id, stored(), {}, [entry])
-        return data
+        return data, True
 
     def _route_of(self, turn: int, history: list[dict[str, Any]] | None) -> str:
         """The route committed turn `turn` ran on, from its history entry: in `history` (a server
@@ -529,6 +549,19 @@ class Session:
             history = [last] if last is not None and last.get("turn") == turn and last.get("ok") \
                 else self.history if isinstance(self.store, HistoryStore) else []
         return route_of_turn(history, turn) or self.route
+
+    def left_for_fork(self) -> bool:
+        """Its user went on in a `/v1` fork of it (a regenerated answer, an edited message): an
+        armed `silent_for` outcome is dropped and the session committed (outcomes.disarm), so the
+        branch left behind is not recorded `abandoned` beside the fork's own outcome. Whether
+        anything changed. Between turns only."""
+        if self._running:
+            raise SessionError(f"session {self.id} is running a turn; it is left for a fork between turns")
+        if not outcomes.disarm(self._c):
+            return False
+        with self._as_stored() as stored:
+            self.store.commit_turn(self.id, stored(), {}, [])
+        return True
 
     def notice(self, text: str, why: str) -> None:
         """Tell the session's user `text` where they are (a channel's chat: `meta.reply_to`) with

@@ -5,6 +5,14 @@ its usage) and its history (when it started, each turn's time, the users' rating
 paths store/record.py names (REPORT_SESSION_PATHS, REPORT_HISTORY_PATHS). A SQLite store reads
 them in two scans (`SQLiteStore.report_rows`: JSON read in SQL); any other store through the
 async store protocol (`list_sessions`, `load_session`, `load_history`), a batch at a time.
+
+A `/v1` fork (a regenerated answer, an edited message: server/openai_sessions.py) is a stored
+session of its own but a branch of the same conversation (its snapshot's `meta.forked_from`
+names the first original, `keys`): the report counts the branches as one conversation
+(`joined`). Each branch adds only what it did itself: its own turns, ratings and usage (what
+it carried over from the fork point, `forked_from.usage`, was billed in its original). The
+conversation's outcome, route, version and locale are the branch last spoken in (the sweeper's
+turns aside), the outcome else the newest other branch's (docs/report.md, "Forks").
 """
 
 from __future__ import annotations
@@ -48,8 +56,8 @@ async def read_conversations(store: AsyncStore, since: float | None = None) -> l
         rows = _joined(sessions, history)
     else:
         rows = [row async for row in _protocol_rows(store)]
-    found = (_conversation(values, entries) for values, entries in rows)
-    return [c for c in found if c is not None and (since is None or c.started >= since)]
+    found = joined(b for b in (_branch(values, entries) for values, entries in rows) if b is not None)
+    return [c for c in found if since is None or c.started >= since]
 
 
 def _sqlite_of(store: AsyncStore) -> Any:
@@ -78,23 +86,100 @@ async def _protocol_rows(store: AsyncStore) -> Any:
                    [tuple(json_path(e, p) for p in REPORT_HISTORY_PATHS) for e in history])
 
 
-def _conversation(values: tuple[Any, ...], entries: Iterable[tuple[Any, ...]]) -> Conversation | None:
-    bot, version, state_locale, meta_locale, outcome, route, cost, input_tokens, output_tokens = values
+@dataclass(slots=True)
+class Branch:
+    """One stored session: a conversation, or a `/v1` fork of one (a branch of it)."""
+
+    id: str
+    root: object  # the first original's id (`forked_from.keys`), else its own
+    parent: str | None  # the session it forked from, None: not a fork
+    fork_turn: int  # the parent's turn it forked after
+    last: float  # when its last turn ran that was not the sweeper's
+    rated: dict[Any, tuple[Any, str]]  # turn -> (when, as kept; its newest rating)
+    conversation: Conversation  # its values, its usage its own (what it carried over taken off)
+
+
+def _branch(values: tuple[Any, ...], entries: Iterable[tuple[Any, ...]]) -> Branch | None:
+    (bot, version, state_locale, meta_locale, outcome, route, cost, input_tokens, output_tokens,
+     sid, keys, parent, fork_turn, carried_cost, carried_in, carried_out) = values
     started: float | None = None
+    last: Any = 0.0
     seconds: list[float] = []
-    rated: dict[Any, str] = {}
-    for turn, at, ok, took, decision, rated_turn, rating in entries:
+    rated: dict[Any, tuple[Any, str]] = {}
+    for turn, at, ok, took, decision, rated_turn, rating in entries:  # in the order they were kept
         if turn is not None:
             if started is None and isinstance(at, int | float):
                 started = float(at)
-            if ok and isinstance(took, int | float) and decision != EXPIRE:
-                seconds.append(float(took))
+            if decision != EXPIRE:
+                last = at
+                if ok and isinstance(took, int | float):
+                    seconds.append(float(took))
         elif isinstance(rating, str):
-            rated[rated_turn] = rating  # a later rating of the same turn supersedes the earlier
+            rated[rated_turn] = (at, rating)  # a later rating of the same turn supersedes the earlier
     if started is None or not isinstance(bot, str):
         return None  # never ran a turn: not a conversation yet
     locale = state_locale if isinstance(state_locale, str) and state_locale else meta_locale
-    return Conversation(bot, str(version or "")[:8], locale if isinstance(locale, str) and locale else NO_LOCALE,
-                        outcome if isinstance(outcome, str) else None, str(route or ""), started,
-                        float(cost) if isinstance(cost, int | float) else None,
-                        int(input_tokens or 0) + int(output_tokens or 0), seconds, list(rated.values()))
+    own_cost = None if not isinstance(cost, int | float) else float(cost) if carried_cost is None \
+        else _less(cost, carried_cost)
+    tokens = int(input_tokens or 0) + int(output_tokens or 0)
+    if parent is not None:  # a fork: what it carried over was its original's
+        tokens -= int(carried_in or 0) + int(carried_out or 0)
+    conversation = Conversation(bot, str(version or "")[:8], locale if isinstance(locale, str) and locale
+                                else NO_LOCALE, outcome if isinstance(outcome, str) else None, str(route or ""),
+                                started, own_cost, tokens, seconds)
+    own = str(sid) if sid is not None else None
+    root = keys if isinstance(keys, str) else own if own is not None else object()
+    return Branch(own or "", root, parent if isinstance(parent, str) else None,
+                  fork_turn if isinstance(fork_turn, int) else 0, last if isinstance(last, int | float) else 0.0,
+                  rated, conversation)
+
+
+def _less(value: int | float, carried: Any) -> float:
+    return float(value) - (float(carried) if isinstance(carried, int | float) else 0.0)
+
+
+def joined(branches: Iterable[Branch]) -> list[Conversation]:
+    """One conversation per first original, its forks' branches joined into it."""
+    groups: dict[object, list[Branch]] = {}
+    for branch in branches:
+        groups.setdefault(branch.root, []).append(branch)
+    return [_one(group) if len(group) > 1 else _alone(group[0]) for group in groups.values()]
+
+
+def _alone(branch: Branch) -> Conversation:
+    """A conversation never forked (most): its own values, its ratings each turn's newest."""
+    conversation = branch.conversation
+    conversation.ratings = [rating for _, rating in branch.rated.values()]
+    return conversation
+
+
+def _one(branches: list[Branch]) -> Conversation:
+    """The branches of one conversation as one: the newest branch's outcome (else the newest
+    other's), route, version and locale; every branch's own turns, usage and ratings."""
+    branches = sorted(branches, key=lambda b: b.conversation.started)  # the same order from any store
+    by_id = {b.id: b for b in branches}
+    newest = sorted(branches, key=lambda b: b.last, reverse=True)
+    head = newest[0].conversation
+    outcome = next((b.conversation.outcome for b in newest if b.conversation.outcome is not None), None)
+    costs = [b.conversation.cost for b in branches if b.conversation.cost is not None]
+    rated: dict[tuple[str, int], tuple[float, str]] = {}
+    for branch in branches:
+        for turn, (kept, rating) in branch.rated.items():
+            at = float(kept) if isinstance(kept, int | float) else 0.0
+            key = (_owner(branch, turn, by_id), turn)  # a turn before the fork point is its original's reply
+            if key not in rated or rated[key][0] <= at:
+                rated[key] = (at, rating)
+    return Conversation(head.bot, head.version, head.locale, outcome, head.route,
+                        min(b.conversation.started for b in branches), sum(costs) if costs else None,
+                        sum(b.conversation.tokens for b in branches),
+                        [s for b in branches for s in b.conversation.seconds], [r for _, r in sorted(rated.values())])
+
+
+def _owner(branch: Branch, turn: Any, by_id: dict[str, Branch]) -> str:
+    """The id of the branch whose reply turn `turn` of `branch` is (its own after its fork point)."""
+    while branch.parent is not None and isinstance(turn, int) and turn <= branch.fork_turn:
+        parent = by_id.get(branch.parent)
+        if parent is None:  # the original is gone: its turns are still its
+            return branch.parent
+        branch = parent
+    return branch.id

@@ -71,6 +71,7 @@ from chatrun.store.record import (
     encode_messages,
     forked_snapshot,
     from_json,
+    outcome_of,
     renamed_id,
     to_json,
 )
@@ -372,6 +373,7 @@ class TurnIndex:
                     return
             fork_id = await self._fork(record)
             if fork_id is not None:
+                await self._left(ident, who, record["session"])
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
                     yield Opened(session, FORKED, forked_from=record["session"])
                 return
@@ -459,6 +461,8 @@ class TurnIndex:
             try:
                 if started is not None:
                     yield Opened(session, FORKED, forked_from=started["session"])
+                    if session.turn_count:  # the fork stays (one that ran no turn is discarded below)
+                        await self._left(ident, who, started["session"])
                 else:
                     yield Opened(session, NEW_SESSION, seeded=_seed(session, ident.earlier))
             finally:
@@ -466,6 +470,17 @@ class TurnIndex:
                     await asyncio.shield(registry.discard_unused(session))
                 except Exception as exc:  # the request's own outcome stands; the session stays
                     log.warning("session %s ran no turn and was not deleted: %s", session_id, exc)
+
+    async def _left(self, ident: Identity, who: Principal | None, original: str) -> None:
+        """The session a fork was just made from, its user gone on in the fork: its armed silence
+        dropped, so that branch is not recorded `abandoned` beside the fork (docs/report.md,
+        "Forks"). A failure is logged; the request goes on."""
+        try:
+            stored = await self.registry.store.load_session(original)
+            if stored is not None and "due" in (outcome_of(stored.snapshot) or {}):  # most: nothing armed
+                await self.registry.left_for_fork(ident.bot, original, who)
+        except Exception as exc:  # the fork stands; that branch may be recorded abandoned later
+            log.warning("session %s was forked from, but its silence stays armed: %s", original, exc)
 
     async def _look_up(self, claim: str | None, key: str | None,
                        session_id: str | None) -> tuple[dict[str, Any] | None, bool]:

@@ -287,15 +287,41 @@ class SessionRegistry:
         counted in chatrun_feedback. Waits its turn behind a running one. RequestFailed."""
         async with self.session(bot_name, session_id, principal, EXISTING) as session:
             try:
-                data = session.rate(feedback["turn"], feedback["rating"], feedback.get("comment"),
-                                    template_principal(principal), await self.history(session))
+                data, new = session.give_rating(feedback["turn"], feedback["rating"], feedback.get("comment"),
+                                                template_principal(principal),
+                                                await self._history_of_turn(session, feedback["turn"]))
             except SessionError as exc:
                 raise wire.RequestFailed(wire.BAD_REQUEST, str(exc)) from None
+            if not new:  # the same rating again (a double click, a retry): kept, counted and sent once
+                return data
             hold = self._hold_of(session)
             await self.writes.commit(hold.slot, session.id, hold.lease)
             if self.metrics is not None:
                 self.metrics.feedback_given(session.bot.name, str(data["route"]), str(data["rating"]))
             return data
+
+    async def left_for_fork(self, bot_name: str, session_id: str, principal: Principal | None) -> None:
+        """Session `session_id`'s user went on in a `/v1` fork of it: its armed silence dropped and
+        committed (Session.left_for_fork). Nothing when it is gone or has none. RequestFailed."""
+        async with self.session(bot_name, session_id, principal, EXISTING) as session:
+            if session.left_for_fork():
+                hold = self._hold_of(session)
+                await self.writes.commit(hold.slot, session.id, hold.lease)
+
+    async def _history_of_turn(self, session: Session, turn: int) -> list[dict[str, Any]]:
+        """The stored history that holds turn `turn` of `session`, oldest first: its own; for a turn
+        of a `/v1` fork from before its fork point, the original's that ran it (and its ratings of
+        that reply) before it (a fork's history starts after its fork point; a fork of a fork:
+        up the chain, as far as the originals are kept)."""
+        histories = [await self.history(session)]
+        forked = session.meta.get("forked_from")
+        while isinstance(forked, dict) and isinstance(forked.get("turn"), int) and turn <= forked["turn"]:
+            original = await self.store.load_session(str(forked.get("session")))
+            if original is None:
+                break
+            histories.append(await self.store.load_history(original.session_id))
+            forked = (original.snapshot.get("meta") or {}).get("forked_from")
+        return [entry for history in reversed(histories) for entry in history]
 
     def last_committed(self, session: Session) -> Committed | None:
         """The session's last committed turn: {"turn", "input", "requestId", "at"}, or None."""

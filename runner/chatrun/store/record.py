@@ -98,6 +98,15 @@ def route_of_turn(history: list[JSONObject], turn: int) -> str | None:
     return None
 
 
+def rating_of_turn(history: list[JSONObject], turn: int) -> JSONObject | None:
+    """The newest rating of turn `turn` in `history` (a `{"feedback"}` entry's data), or None."""
+    for entry in reversed(history):
+        found = entry.get("feedback")
+        if isinstance(found, dict) and found.get("turn") == turn:
+            return found
+    return None
+
+
 def committed_turn(entry: JSONObject, request_id: str | None) -> Committed:
     """What the snapshot records of a turn committed with history `entry`."""
     return {"turn": entry["turn"], "input": entry.get("input"), "requestId": request_id, "at": entry.get("at")}
@@ -242,7 +251,11 @@ def outcome_of(snapshot: JSONObject) -> JSONObject | None:
 # What `chatrun report` reads of each stored session and history entry (chatrun/report/read.py),
 # as JSON paths: SQLite reads them in SQL (json_extract), other stores' values in Python (json_path).
 REPORT_SESSION_PATHS = ("$.bot", "$.bot_version", "$.state.locale", "$.meta.locale", "$.outcome.name",
-                        "$.scopes[#-1].route", "$.usage.cost", "$.usage.input_tokens", "$.usage.output_tokens")
+                        "$.scopes[#-1].route", "$.usage.cost", "$.usage.input_tokens", "$.usage.output_tokens",
+                        # a /v1 fork (forked_snapshot): counted with the conversation it is a branch of
+                        "$.id", "$.meta.forked_from.keys", "$.meta.forked_from.session", "$.meta.forked_from.turn",
+                        "$.meta.forked_from.usage.cost", "$.meta.forked_from.usage.input_tokens",
+                        "$.meta.forked_from.usage.output_tokens")
 REPORT_HISTORY_PATHS = ("$.turn", "$.at", "$.ok", "$.seconds", "$.input.decision.kind", "$.feedback.turn",
                         "$.feedback.rating")
 
@@ -281,13 +294,19 @@ def due_epoch(items: list[JSONObject]) -> float | None:
 
 
 def forked_snapshot(snapshot: JSONObject, old: str, new: str, turn: int) -> JSONObject:
-    """A copy of session `old`'s snapshot as the new session `new`, noting where it forked from."""
+    """A copy of session `old`'s snapshot as the new session `new`, noting where it forked from:
+    the session and turn, the first original's id (`keys`: its calls are keyed as that one's, and
+    `chatrun report` counts the fork with it) and the usage it carries over (`usage`: billed in the
+    original, not again in the fork's report row)."""
     forked: JSONObject = json.loads(json.dumps(snapshot))
     forked["id"] = new
     meta = forked.get("meta") or {}
     earlier = meta.get("forked_from")  # a fork of a fork: its calls are keyed as the first original's
     keys = earlier.get("keys", earlier["session"]) if isinstance(earlier, dict) else old
-    forked["meta"] = dict(meta, forked_from={"session": old, "turn": turn, "keys": keys})
+    usage = forked.get("usage")
+    carried = {k: usage[k] for k in ("cost", "input_tokens", "output_tokens")
+               if isinstance(usage, dict) and usage.get(k) is not None}
+    forked["meta"] = dict(meta, forked_from={"session": old, "turn": turn, "keys": keys, "usage": carried})
     forked.pop(PENDING_ITEMS_KEY, None)  # a decision belongs to the conversation that asked for it
     forked.pop(TAKEN_OVER_KEY, None)
     forked.pop(RESOLVED_ITEMS_KEY, None)
