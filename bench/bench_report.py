@@ -92,11 +92,12 @@ def fill(path: Path, n: int, snapshot: dict, history: list[dict], seed: int = 38
 
 def report_once(path: Path, out: Path) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, conversations) of one report: read, count, draw, write."""
-    from chatrun.cli.report import _write
+    from chatrun.cli.report import _report
     from chatrun.report.figures import Meanings
 
     cpu, wall = time.process_time(), time.perf_counter()
-    count = asyncio.run(_write(f"sqlite:///{path}", None, None, Meanings(), out))
+    html, count = asyncio.run(_report(f"sqlite:///{path}", None, None, Meanings()))
+    out.write_text(html, encoding="utf-8")
     return time.process_time() - cpu, time.perf_counter() - wall, count
 
 
