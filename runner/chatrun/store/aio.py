@@ -86,6 +86,12 @@ class AsyncStore(Protocol):
         saved. Atomic across replicas when the store is shared."""
         ...
 
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Save `record` under `key` (delete the record there when None) only if the record there
+        is `expected` (chatrun.store.RecordSwaps): True if done. Atomic across replicas when the
+        store is shared."""
+        ...
+
     async def delete_record(self, key: str) -> None: ...
 
     async def record_keys(self, prefix: str) -> list[str]:

@@ -66,6 +66,7 @@ from chatrun.store.record import (
     from_json,
     pending_session,
     requeued,
+    swapped_texts,
     tallies_from_json,
     tallies_json,
     to_json,
@@ -457,6 +458,18 @@ class PostgresStore:
         text = to_json(f"record {key}", record)
         row = await self._one(f"claim record {key}", "INSERT INTO records (key, record) VALUES (%s, %s) "
                               "ON CONFLICT (key) DO NOTHING RETURNING 1", (key, text))
+        return row is not None
+
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Compare-and-swap (chatrun.store.RecordSwaps): one statement; of two at once the second
+        waits for the first's row lock, then finds the record changed (READ COMMITTED re-reads it)."""
+        old, text = swapped_texts(key, expected, record)
+        if text is None:
+            row = await self._one(f"delete record {key}", "DELETE FROM records WHERE key = %s AND record = %s "
+                                  "RETURNING 1", (key, old))
+        else:
+            row = await self._one(f"replace record {key}", "UPDATE records SET record = %s WHERE key = %s "
+                                  "AND record = %s RETURNING 1", (text, key, old))
         return row is not None
 
     async def delete_record(self, key: str) -> None:
