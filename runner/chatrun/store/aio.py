@@ -45,6 +45,11 @@ class AsyncStore(Protocol):
 
     async def release(self, lease: Lease) -> None: ...
 
+    async def sweep_leases(self) -> int:
+        """Delete what expired leases left in the store (a dead process's: server/sweeper.py asks
+        every RETAIN_EVERY seconds); how many were deleted (0 where they expire by themselves)."""
+        ...
+
     async def version(self, session_id: str) -> str | None: ...
 
     async def load_session(self, session_id: str) -> SessionRecord | None:

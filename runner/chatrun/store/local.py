@@ -109,6 +109,10 @@ class LocalAsyncStore:
     async def release(self, lease: Lease) -> None:
         return None
 
+    async def sweep_leases(self) -> int:
+        """Nothing to do: an in-process store keeps no leases."""
+        return 0
+
     async def version(self, session_id: str) -> str | None:
         return await self._call(self.sync.version, session_id)
 

@@ -322,6 +322,18 @@ class PostgresStore:
                             "WITH gone AS (DELETE FROM leases WHERE session_id = %s AND token = %s RETURNING 1) "
                             "SELECT pg_notify(%s, %s)", (lease.session_id, lease.token, LEASE_CHANNEL, lease.session_id))
 
+    async def sweep_leases(self) -> int:
+        """Delete the lease rows that ran out and the queue rows of waiters that stopped polling:
+        what a process that died left (a replica's own lease, chatrun/replica/<id>, else stays
+        until someone asks for it again; server/liveness.py). An expired lease is held by nobody
+        (a renewal and a commit need it unexpired), so deleting it changes no one's hold; a lease
+        taken again meanwhile is no longer expired, and stays. How many rows went."""
+        row = await self._one("sweep the expired leases",
+                              f"WITH gone AS (DELETE FROM leases WHERE expires < {_NOW_MS} RETURNING 1), "
+                              f"dropped AS (DELETE FROM lease_queue WHERE alive < {_NOW_MS} RETURNING 1) "
+                              "SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM dropped)")
+        return int(row[0])
+
     @staticmethod
     async def _holds(conn: Any, lease: Lease | None) -> bool:
         if lease is None or not lease.token:

@@ -560,6 +560,11 @@ class RedisStore:
                 log.warning("lost the lease on session %s", lease.session_id)
                 return
 
+    async def sweep_leases(self) -> int:
+        """Nothing to do: a lease's key, and its queue's, carry their TTL (PX, PEXPIRE), so what
+        a process that died left goes by itself (PostgresStore.sweep_leases deletes its rows)."""
+        return 0
+
     async def release(self, lease: Lease) -> None:
         if lease.renewer is not None:
             lease.renewer.cancel()
