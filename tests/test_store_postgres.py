@@ -177,6 +177,7 @@ def test_the_sweeper_deletes_the_lease_rows_a_dead_replica_left_and_keeps_the_li
             assert await rows(store) == {live_replica}
         finally:
             sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
         await store.release(live)
         await store.close()
 
