@@ -137,3 +137,48 @@ def test_serve_says_when_postgres_cannot_be_reached_and_commands_that_read_a_sto
     assert "pw@" not in result.output
     result = CliRunner().invoke(main, ["record", "--store", url, "--from-session", "s1", "-o", str(tmp_path / "t.yaml")])
     assert result.exit_code != 0 and "cannot reach PostgreSQL" in result.output and "Traceback" not in result.output
+
+
+def test_the_sweeper_deletes_the_lease_rows_a_dead_replica_left_and_keeps_the_live_ones(postgres_server, write_bot):
+    """A replica killed (-9) leaves its own lease's row (chatrun/replica/<id>, server/liveness.py)
+    and its sessions' behind, and a waiter's queue row: nobody asks for them again, so they would
+    stay for good. Any replica's sweeper deletes them once they ran out; a live lease stays."""
+    from chatrun.server.liveness import REPLICA_LEASE
+    from chatrun.server.sessions import SessionRegistry
+    from chatrun.server.sweeper import PendingSweeper, SweepSettings
+
+    dead_replica, live_replica = REPLICA_LEASE + "dead0123", REPLICA_LEASE + "live4567"
+
+    async def rows(store: PostgresStore) -> set[str]:
+        leases = await store._all("read leases", "SELECT session_id FROM leases")
+        queued = await store._all("read the queue", "SELECT session_id FROM lease_queue")
+        return {r[0] for r in leases} | {"queued:" + r[0] for r in queued}
+
+    async def go():
+        store = PostgresStore(postgres_server.url())
+        for held in (dead_replica, "s1"):  # the dead replica's own lease and a session's it held
+            lease = await store.acquire(held, wait=5)
+            lease.renewer.cancel()  # killed: never renewed, never released
+        live = await store.acquire(live_replica, wait=5)
+        # An hour later by the database's clock: the dead ones ran out long ago, as did a waiter.
+        await store._one("age the dead replica's leases", "UPDATE leases SET expires = expires - 3600000 "
+                         "WHERE session_id <> %s RETURNING 1", (live_replica,))
+        await store._one("a waiter gone", "INSERT INTO lease_queue (session_id, token, alive) VALUES "
+                         "('s2', 'gone', 0) RETURNING 1")
+        assert await rows(store) == {dead_replica, "s1", live_replica, "queued:s2"}
+        bot = chatrun.load_bot(write_bot("name: shop\nmodel: {provider: openai, name: gpt-4o-mini}\n"
+                                         "routes: {main: {default: true, system: Hi.}}\n"))
+        sweeper = asyncio.ensure_future(PendingSweeper(SessionRegistry({"shop": bot}, store),
+                                                       SweepSettings(interval=0.1)).run_forever())
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while await rows(store) != {live_replica} and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert await rows(store) == {live_replica}
+        finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+        await store.release(live)
+        await store.close()
+
+    asyncio.run(go())

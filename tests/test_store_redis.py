@@ -121,3 +121,23 @@ def test_a_sessions_records_go_with_it_unless_since_saved_for_another(url):
             await store.close()
 
     run(scenario())
+
+
+def test_a_dead_replicas_lease_on_redis_goes_by_itself(url):
+    """On Redis the lease a replica killed (-9) held (its own, chatrun/replica/<id>: server/liveness.py)
+    is a key with its TTL: it goes by itself, nothing for a sweeper to delete (PostgreSQL's rows
+    are swept: tests/test_store_postgres.py)."""
+    from chatrun.server.liveness import REPLICA_LEASE
+
+    async def scenario():
+        store = RedisStore(url)
+        try:
+            lease = await store.acquire(REPLICA_LEASE + "dead0123", wait=5)
+            lease.renewer.cancel()  # killed: never renewed, never released
+            left = await store.client.pttl(store._key("l", REPLICA_LEASE + "dead0123"))
+            assert 0 < left <= store.settings.ttl * 1000
+            assert await store.sweep_leases() == 0
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

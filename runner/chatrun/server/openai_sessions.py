@@ -165,6 +165,15 @@ class Identity:
         return running
 
 
+@dataclass(frozen=True)
+class Claim:
+    """An attempt's claim of its request's outcome key (`TurnIndex.claim`), as it is written: a
+    take-over and a release replace exactly this record, never another attempt's."""
+
+    key: str
+    record: dict[str, Any]
+
+
 @dataclass
 class Opened:
     session: Session
@@ -335,7 +344,7 @@ class TurnIndex:
     # -- opening the session of a request ----------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, ident: Identity, who: Principal | None, claim: str | None = None,
+    async def open(self, ident: Identity, who: Principal | None, claim: Claim | None = None,
                    attempt: str | None = None) -> AsyncIterator[Opened]:
         """The request's session, locked for its turn (see the module's rules). `claim`: the
         key of the request's outcome, marked as running (so that its retries, on any replica,
@@ -482,12 +491,12 @@ class TurnIndex:
         except Exception as exc:  # the fork stands; that branch may be recorded abandoned later
             log.warning("session %s was forked from, but its silence stays armed: %s", original, exc)
 
-    async def _look_up(self, claim: str | None, key: str | None,
+    async def _look_up(self, claim: Claim | None, key: str | None,
                        session_id: str | None) -> tuple[dict[str, Any] | None, bool]:
         """In one call of a local store's thread: the request's claim (when `claim`), the
         record under `key` (when given), and whether the session it names (else `session_id`)
         exists: a deleted session's recorded turns neither continue nor fork."""
-        work = functools.partial(_look_up, claim, None if claim is None else await self._running(), key, session_id)
+        work = functools.partial(_look_up, claim, key, session_id)
         in_one_call = getattr(self.records, "in_one_call", None)
         return await (in_one_call(work) if in_one_call is not None else work(self.records))
 
@@ -502,30 +511,34 @@ class TurnIndex:
 
     # -- exactly once: a retried request replays the turn its first attempt committed ---------
 
-    async def claim_or_outcome(self, key: str) -> dict[str, Any] | None:
+    async def claim(self, key: str) -> Claim:
+        """A new claim of the outcome's `key` for this attempt: the attempt that holds it runs, in
+        this process (server/liveness.py), whose lease on a shared store is taken before the first
+        claim names it (at once after). Its `id` tells it from another attempt's claim."""
+        liveness = self.registry.liveness
+        await liveness.start()
+        return Claim(key, {"running": True, "at": time.time(), "by": liveness.incarnation,
+                           "id": secrets.token_hex(8)})
+
+    async def claim_or_outcome(self, claim: Claim) -> dict[str, Any] | None:
         """For a request that may have run already (an Idempotency-Key, a retry): its committed
-        outcome to replay, or None when this attempt holds the claim and runs the turn. The claim
+        outcome to replay, or None when this attempt holds `claim` and runs the turn. The claim
         is one atomic put-if-absent, so of two first attempts at the same instant (on any
         replicas) one runs and the other waits for its outcome. A claim whose attempt's process
-        is dead (`_abandoned`) is taken over at once; one still running after REPLAY_WAIT is a
-        Conflict (send the request again later: the SDKs do), never run twice."""
+        is dead (`_abandoned`) is taken over at once, by one compare-and-swap: of two retries
+        taking over the same one, one runs and the other waits for its outcome. One still running
+        after REPLAY_WAIT is a Conflict (send the request again later: the SDKs do), never run twice."""
+        key = claim.key
         deadline = time.monotonic() + REPLAY_WAIT
         while True:
             recorded = await self._outcome(key, deadline)
             if recorded is not None:
                 return recorded
-            if await self.records.claim_record(key, await self._running()):
+            if await self.records.claim_record(key, claim.record) or await self._take_over(claim):
                 return None
-            if not await self._drop_abandoned(key) and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise wire.RequestFailed(wire.CONFLICT, f"an earlier attempt of this request is still running "
                                          f"(waited {REPLAY_WAIT:g} s for it); send the request again later")
-
-    async def _running(self) -> dict[str, Any]:
-        """A claim: the attempt that holds it runs, in this process (server/liveness.py), whose
-        lease on a shared store is taken before the first claim names it (at once after)."""
-        liveness = self.registry.liveness
-        await liveness.start()
-        return {"running": True, "at": time.time(), "by": liveness.incarnation}
 
     async def _abandoned(self, claim: dict[str, Any]) -> bool:
         """Whether a running claim's attempt is dead: its process is (server/liveness.py); for a
@@ -535,20 +548,18 @@ class TurnIndex:
             return time.time() - float(claim.get("at", 0)) > REPLAY_WAIT
         return not alive
 
-    async def _drop_abandoned(self, key: str) -> bool:
-        # The next attempt takes an abandoned claim over. (Two retries taking over the same
-        # abandoned claim at once may both run.)
-        record = await self.records.get_record(key)
-        if record is not None and record.get("running") and await self._abandoned(record):
-            await self.records.delete_record(key)
-            return True
-        return False
+    async def _take_over(self, claim: Claim) -> bool:
+        """Replace an abandoned claim by `claim`, only if it is still the very claim judged dead
+        (RecordSwaps.swap_record): True when this attempt now holds the key."""
+        record = await self.records.get_record(claim.key)
+        if record is None or not record.get("running") or not await self._abandoned(record):
+            return False
+        return await self.records.swap_record(claim.key, record, claim.record)
 
-    async def release(self, key: str) -> None:
-        """The attempt committed nothing (it failed, or was refused): a retry runs afresh."""
-        record = await self.records.get_record(key)
-        if record is not None and record.get("running"):
-            await self.records.delete_record(key)
+    async def release(self, claim: Claim) -> None:
+        """The attempt committed nothing (it failed, or was refused): a retry runs afresh. Only
+        the attempt's own claim is dropped, never the claim of one that took over since."""
+        await self.records.swap_record(claim.key, claim.record, None)
 
     async def _outcome(self, key: str, deadline: float) -> dict[str, Any] | None:
         """The committed outcome of an earlier attempt of this request, waiting while one runs
@@ -669,12 +680,12 @@ def _made_id(attempt: str | None) -> str | None:
     return None if attempt is None else hashlib.blake2b(attempt.encode(), digest_size=8).hexdigest()
 
 
-async def _look_up(claim: str | None, running: dict[str, Any] | None, key: str | None, session_id: str | None,
+async def _look_up(claim: Claim | None, key: str | None, session_id: str | None,
                    records: RecordOps) -> tuple[dict[str, Any] | None, bool]:
-    """TurnIndex._look_up's reads (and the claim, `running`). Awaits nothing but `records` (in_one_call)."""
-    if claim is not None and running is not None:
-        if not await _put_text(records, claim, _flat_text(running), None):
-            await records.put_record(claim, running)
+    """TurnIndex._look_up's reads (and the claim). Awaits nothing but `records` (in_one_call)."""
+    if claim is not None:
+        if not await _put_text(records, claim.key, _flat_text(claim.record), None):
+            await records.put_record(claim.key, claim.record)
     record = None if key is None else await records.get_record(key)
     if record is not None:
         session_id = record.get("session")

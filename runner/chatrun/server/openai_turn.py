@@ -28,7 +28,15 @@ from chatrun.server.audience import for_clients
 from chatrun.server.auth import Principal
 from chatrun.server.guard import openai_code
 from chatrun.server.inspect import pending_data
-from chatrun.server.openai_sessions import REPLAYED, Exchange, Identity, Kept, Opened, TurnIndex
+from chatrun.server.openai_sessions import (
+    REPLAYED,
+    Claim,
+    Exchange,
+    Identity,
+    Kept,
+    Opened,
+    TurnIndex,
+)
 from chatrun.server.plumbing import END, DetachedTurn, Emit, Unauthorized
 from chatrun.store.blobs import BlobArea
 
@@ -236,24 +244,24 @@ async def run_turn(
         if again is not None and not result.ok and result.opened is not None:
             await index.remember_failed(again, result.opened)
         return result
+    claim = await index.claim(attempt.key)
     if attempt.retry:
-        recorded = await index.claim_or_outcome(attempt.key)
+        recorded = await index.claim_or_outcome(claim)
         if recorded is not None:
             return _replay(_same_request(recorded, attempt), emit)
     # The user's own request, not a retry, runs whatever an earlier one answered: it claims
     # the outcome's key as its session is looked up (TurnIndex.open).
-    claim = None if attempt.retry else attempt.key
     try:
         # A committed turn's outcome is settled with the index's records of it (TurnIndex.remember).
-        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt, claim,
-                                 stopped=stopped, kept=kept, again=attempt.key)
+        result = await _run_turn(index, ident, who, text, prompt_texts, emit, keys_after, uploads, attempt,
+                                 None if attempt.retry else claim, stopped=stopped, kept=kept, again=attempt.key)
     except BaseException:
-        await asyncio.shield(index.release(attempt.key))
+        await asyncio.shield(index.release(claim))
         raise
     if not result.ok:
         if result.opened is not None:  # its next attempt runs in the session this one made
             await index.remember_failed(attempt.key, result.opened)
-        await index.release(attempt.key)
+        await index.release(claim)
     return result
 
 
@@ -287,7 +295,7 @@ def _replay(recorded: dict[str, Any], emit: Emit | None) -> TurnResult:
 async def _run_turn(
     index: TurnIndex, ident: Identity, who: Principal | None, text: str, prompt_texts: Callable[[], list[str]],
     emit: Emit | None, keys_after: Callable[[Reply], list[str]], uploads: tuple[Upload, ...] = (),
-    attempt: Attempt | None = None, claim: str | None = None, stopped: Kept | None = None,
+    attempt: Attempt | None = None, claim: Claim | None = None, stopped: Kept | None = None,
     kept: KeptAfter | None = None, again: str | None = None,
 ) -> TurnResult:
     whole, emit = emit is None, emit or _nobody

@@ -13,7 +13,9 @@ next sweep (of any replica, or of the restarted one) resolves it.
 The same loop refreshes the `chatrun_pending_*` gauges every MEASURE_EVERY seconds, and every
 RETAIN_EVERY seconds deletes what is past the served bots' `retention:` (capped by the server's
 `--retain-idle` / `--retain-dead-letters`): idle sessions, with their files, and old dead
-letters (store/retention.py). A session running a turn is left for the next pass.
+letters (store/retention.py). A session running a turn is left for the next pass. Then it has
+the store sweep the leases that ran out (`sweep_leases`: on PostgreSQL the rows a replica that
+died left, its own lease among them; Redis's expire by themselves).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class PendingSweeper:
                 if self.clock() - self._retained >= RETAIN_EVERY:
                     self._retained = self.clock()
                     await self.retain()
+                    await self.registry.store.sweep_leases()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the store is unreachable: look again next time

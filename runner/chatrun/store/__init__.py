@@ -158,6 +158,20 @@ class RecordClaims(Protocol):
 
 
 @runtime_checkable
+class RecordSwaps(Protocol):
+    """A RecordStore that replaces a record only while it is the one the caller read, atomically
+    across every process that shares the store (compare-and-swap): the OpenAI API takes over a
+    dead attempt's claim with it, so that of two retries taking over the same claim one runs and
+    the other waits for its outcome, and an attempt releases its own claim only. The built-in
+    stores are; with any other RecordStore the swap is atomic within one process only."""
+
+    def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Save `record` under `key` (delete the record there when None) if the record there is
+        `expected` (the same JSON text as this store writes it) (True), else change nothing (False)."""
+        ...
+
+
+@runtime_checkable
 class OutboxStore(Protocol):
     """A store that keeps an outbox: the backend events of committed turns, written by
     `commit_turn` with the turn (from its history entry's "outbox"), waiting for delivery.

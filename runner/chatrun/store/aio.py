@@ -45,6 +45,11 @@ class AsyncStore(Protocol):
 
     async def release(self, lease: Lease) -> None: ...
 
+    async def sweep_leases(self) -> int:
+        """Delete what expired leases left in the store (a dead process's: server/sweeper.py asks
+        every RETAIN_EVERY seconds); how many were deleted (0 where they expire by themselves)."""
+        ...
+
     async def version(self, session_id: str) -> str | None: ...
 
     async def load_session(self, session_id: str) -> SessionRecord | None:
@@ -84,6 +89,12 @@ class AsyncStore(Protocol):
     async def claim_record(self, key: str, record: JSONObject) -> bool:
         """Save `record` under `key` only if none is there (chatrun.store.RecordClaims): True if
         saved. Atomic across replicas when the store is shared."""
+        ...
+
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Save `record` under `key` (delete the record there when None) only if the record there
+        is `expected` (chatrun.store.RecordSwaps): True if done. Atomic across replicas when the
+        store is shared."""
         ...
 
     async def delete_record(self, key: str) -> None: ...

@@ -28,6 +28,7 @@ from chatrun.store import (
     PendingIndex,
     RecordClaims,
     RecordStore,
+    RecordSwaps,
     RetentionIndex,
     SessionStore,
     user_memory,
@@ -45,6 +46,7 @@ from chatrun.store.record import (
     from_json,
     messages_json,
     pending_session,
+    swapped_texts,
     tallies_of,
     to_json,
     waiting_entry,
@@ -86,6 +88,7 @@ class LocalAsyncStore:
         self._durable = store if isinstance(store, DurableStore) else None
         self._owners = store if isinstance(store, _CountsOwners) else None
         self._claims = self.records if isinstance(self.records, RecordClaims) else None
+        self._swaps = self.records if isinstance(self.records, RecordSwaps) else None
         self._pending = store if isinstance(store, PendingIndex) else None
         self._flat = store if isinstance(store, FlatIndex) else None
         self._retention = store if isinstance(store, RetentionIndex) else None
@@ -105,6 +108,10 @@ class LocalAsyncStore:
 
     async def release(self, lease: Lease) -> None:
         return None
+
+    async def sweep_leases(self) -> int:
+        """Nothing to do: an in-process store keeps no leases."""
+        return 0
 
     async def version(self, session_id: str) -> str | None:
         return await self._call(self.sync.version, session_id)
@@ -211,6 +218,20 @@ class LocalAsyncStore:
             if await self.get_record(key) is not None:
                 return False
             await self.put_record(key, record)
+            return True
+
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        if self.records is None:
+            return self._process_records.swap(key, *swapped_texts(key, expected, record))
+        if self._swaps is not None:
+            return await self._call(self._swaps.swap_record, key, expected, record)
+        async with self._claiming:  # a user's RecordStore: read, compare, write, atomic in this process only
+            if await self.get_record(key) != expected:
+                return False
+            if record is None:
+                await self.delete_record(key)
+            else:
+                await self.put_record(key, record)
             return True
 
     async def delete_record(self, key: str) -> None:

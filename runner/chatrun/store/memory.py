@@ -31,6 +31,7 @@ from chatrun.store.record import (
     messages_json,
     pending_session,
     requeued,
+    swapped_texts,
     to_json,
     unclaimed,
 )
@@ -62,6 +63,16 @@ class Records:
         if key in self._texts:
             return False
         self._texts[key] = text
+        return True
+
+    def swap(self, key: str, expected: str, text: str | None) -> bool:
+        """Save `text` under `key` (delete when None) if `expected` is the text there (compare-and-swap)."""
+        if self._texts.get(key) != expected:
+            return False
+        if text is None:
+            self.delete(key)
+        else:
+            self._texts[key] = text  # still deleted with the session it was saved for
         return True
 
     def keys(self, prefix: str) -> list[str]:
@@ -384,6 +395,11 @@ class InMemoryStore:
         text = to_json(f"record {key}", record)
         with self._lock:
             return self._records.claim(key, text)
+
+    def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        old, text = swapped_texts(key, expected, record)
+        with self._lock:
+            return self._records.swap(key, old, text)
 
     def delete_record(self, key: str) -> None:
         with self._lock:

@@ -66,6 +66,7 @@ from chatrun.store.record import (
     from_json,
     pending_session,
     requeued,
+    swapped_texts,
     tallies_from_json,
     tallies_json,
     to_json,
@@ -321,6 +322,18 @@ class PostgresStore:
                             "WITH gone AS (DELETE FROM leases WHERE session_id = %s AND token = %s RETURNING 1) "
                             "SELECT pg_notify(%s, %s)", (lease.session_id, lease.token, LEASE_CHANNEL, lease.session_id))
 
+    async def sweep_leases(self) -> int:
+        """Delete the lease rows that ran out and the queue rows of waiters that stopped polling:
+        what a process that died left (a replica's own lease, chatrun/replica/<id>, else stays
+        until someone asks for it again; server/liveness.py). An expired lease is held by nobody
+        (a renewal and a commit need it unexpired), so deleting it changes no one's hold; a lease
+        taken again meanwhile is no longer expired, and stays. How many rows went."""
+        row = await self._one("sweep the expired leases",
+                              f"WITH gone AS (DELETE FROM leases WHERE expires < {_NOW_MS} RETURNING 1), "
+                              f"dropped AS (DELETE FROM lease_queue WHERE alive < {_NOW_MS} RETURNING 1) "
+                              "SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM dropped)")
+        return int(row[0])
+
     @staticmethod
     async def _holds(conn: Any, lease: Lease | None) -> bool:
         if lease is None or not lease.token:
@@ -457,6 +470,18 @@ class PostgresStore:
         text = to_json(f"record {key}", record)
         row = await self._one(f"claim record {key}", "INSERT INTO records (key, record) VALUES (%s, %s) "
                               "ON CONFLICT (key) DO NOTHING RETURNING 1", (key, text))
+        return row is not None
+
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Compare-and-swap (chatrun.store.RecordSwaps): one statement; of two at once the second
+        waits for the first's row lock, then finds the record changed (READ COMMITTED re-reads it)."""
+        old, text = swapped_texts(key, expected, record)
+        if text is None:
+            row = await self._one(f"delete record {key}", "DELETE FROM records WHERE key = %s AND record = %s "
+                                  "RETURNING 1", (key, old))
+        else:
+            row = await self._one(f"replace record {key}", "UPDATE records SET record = %s WHERE key = %s "
+                                  "AND record = %s RETURNING 1", (text, key, old))
         return row is not None
 
     async def delete_record(self, key: str) -> None:

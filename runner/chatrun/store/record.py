@@ -363,6 +363,13 @@ def _stored_json(value: Any) -> str:
         raise
 
 
+def swapped_texts(key: str, expected: JSONObject, record: JSONObject | None) -> tuple[str, str | None]:
+    """A compare-and-swap's two texts (RecordSwaps.swap_record): the record the store must still
+    hold, as the stores write it (a record read back encodes to the text it was read from), and
+    the one to save instead (None: delete)."""
+    return to_json(f"record {key}", expected), None if record is None else to_json(f"record {key}", record)
+
+
 def from_json(text: str) -> JSONObject:
     """A JSON object a store saved (its own text: trusted to be an object)."""
     value: JSONObject = json.loads(text)

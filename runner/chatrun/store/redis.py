@@ -82,6 +82,7 @@ from chatrun.store.record import (
     from_json,
     pending_session,
     requeued,
+    swapped_texts,
     tallies_json,
     tallies_of,
     to_json,
@@ -145,6 +146,20 @@ return 0
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# A record's compare-and-swap (swap_record): KEYS the record, the records' index, their sessions;
+# ARGV the text it must still hold, its key, the text to save instead (none: delete it).
+_SWAP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('HDEL', KEYS[3], ARGV[2])
+end
+return 1
 """
 
 # Lua kept by the commit, the delete and the first read (_REINDEX): the operators' index and
@@ -483,6 +498,7 @@ class RedisStore:
         self._commit = self.client.register_script(_COMMIT)
         self._delete = self.client.register_script(_DELETE)
         self._claim = self.client.register_script(_CLAIM)
+        self._swap = self.client.register_script(_SWAP)
         self._settle = self.client.register_script(_SETTLE)
         self._requeue = self.client.register_script(_REQUEUE)
         self._reindex = self.client.register_script(_REINDEX)
@@ -546,6 +562,11 @@ class RedisStore:
                 lease.lost = True
                 log.warning("lost the lease on session %s", lease.session_id)
                 return
+
+    async def sweep_leases(self) -> int:
+        """Nothing to do: a lease's key, and its queue's, carry their TTL (PX, PEXPIRE), so what
+        a process that died left goes by itself (PostgresStore.sweep_leases deletes its rows)."""
+        return 0
 
     async def release(self, lease: Lease) -> None:
         if lease.renewer is not None:
@@ -712,6 +733,13 @@ class RedisStore:
             return False
         await self.client.zadd(f"{self.prefix}recs", {key: 0})  # listed (the claim itself is the SET)
         return True
+
+    async def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Compare-and-swap (chatrun.store.RecordSwaps): one Lua script, atomic across every replica."""
+        old, text = swapped_texts(key, expected, record)
+        args = [old, key] if text is None else [old, key, text]
+        keys = [f"{self.prefix}rec:{key}", f"{self.prefix}recs", f"{self.prefix}rs"]
+        return bool(await self._swap(keys=keys, args=args))
 
     async def delete_record(self, key: str) -> None:
         async with self.client.pipeline(transaction=True) as pipe:

@@ -47,6 +47,7 @@ from chatrun.store.record import (
     messages_json,
     pending_session,
     requeued,
+    swapped_texts,
     tallies_from_json,
     tallies_json,
     tallies_of,
@@ -612,6 +613,16 @@ class SQLiteStore:
         text = to_json(f"record {key}", record)
         with self._locked(f"claim record {key}") as conn:
             cursor = conn.execute("INSERT OR IGNORE INTO records (key, record) VALUES (?, ?)", (key, text))
+        return cursor.rowcount == 1
+
+    def swap_record(self, key: str, expected: JSONObject, record: JSONObject | None) -> bool:
+        """Compare-and-swap (RecordSwaps): one statement, atomic for every process sharing the file."""
+        old, text = swapped_texts(key, expected, record)
+        with self._locked(f"replace record {key}") as conn:
+            if text is None:
+                cursor = conn.execute("DELETE FROM records WHERE key = ? AND record = ?", (key, old))
+            else:
+                cursor = conn.execute("UPDATE records SET record = ? WHERE key = ? AND record = ?", (text, key, old))
         return cursor.rowcount == 1
 
     def delete_record(self, key: str) -> None:
