@@ -61,7 +61,7 @@ from chatrun.server.channels.base import (
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.teams import Teams
 from chatrun.server.channels.telegram import Telegram
-from chatrun.server.channels.twilio import Twilio
+from chatrun.server.channels.twilio import Twilio, warn_withheld_entries
 from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
@@ -92,6 +92,7 @@ class Channels:
     def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None,
                  limits: wire.ServerLimits | None = None):
         self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
+        warn_withheld_entries(auth)
         self.limits = limits or wire.ServerLimits()  # a user's message: --max-message-chars, as on every door
         self.acked = AckedDeliveries(acked)  # deliveries answered before their turn ran (Slack's)
         self._built: dict[tuple[int, str], ChannelKind] = {}
