@@ -144,6 +144,9 @@ class Inbound:
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
     pressed: bool = False  # a button's value, pressed (not typed): it may name a waiting item (press_value)
     sent: float | None = None  # when the user sent it, as the platform signed it (too_old refuses a replay)
+    # An edit of a message sent before: no turn runs, the user is told edits are not read
+    # (door.py; its delivery names the edited message, so each edited message is told once).
+    edited: bool = False
 
     def __post_init__(self) -> None:
         # The delivery id is the turn's request id (and names the message's records): a delivery

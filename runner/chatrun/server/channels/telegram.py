@@ -8,6 +8,7 @@ delivery (Telegram sends an unacknowledged update again with the same id)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from collections.abc import Mapping
 from typing import Any
@@ -55,7 +56,13 @@ class Telegram(ChannelKind):
         if isinstance(query, dict) and isinstance(query.get("message"), dict) and isinstance(query.get("data"), str):
             return [_inbound(delivery, query["message"], query.get("from"), query["data"],
                              {"callback_query_id": query.get("id")}, pressed=True)]
-        return []  # an edit, a join, a sticker...: nothing for the bot to answer
+        edit = payload.get("edited_message")
+        if isinstance(edit, dict) and isinstance(edit.get("text") or edit.get("caption"), str):
+            # Told once per edited message (its chat and message_id), however often it is edited.
+            chat = (edit.get("chat") or {}).get("id")
+            return [dataclasses.replace(_inbound(f"edited:{chat}:{edit.get('message_id')}", edit, edit.get("from"),
+                                                 str(edit.get("text") or edit.get("caption"))), edited=True)]
+        return []  # a join, a sticker, a channel's post or its edit...: nothing for the bot to answer
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text}
