@@ -400,14 +400,14 @@ class FakeBotFramework:
         self.server.server_close()
 
     def activity_token(self, service_url: str | None, audience: str | None = None, key: Any = None,
-                       issued: float | None = None) -> str:
-        """A Bot Framework token for an activity (valid an hour from `issued`, default now);
-        `service_url` None: one without the claim."""
+                       issued: float | None = None, lifetime: float = 3600) -> str:
+        """A Bot Framework token for an activity (valid `lifetime` seconds, an hour, from `issued`,
+        default now); `service_url` None: one without the claim."""
         import jwt
 
         now = int(time.time() if issued is None else issued)
         claims: dict[str, Any] = {"iss": self.ISSUER, "aud": audience or self.app_id,
-                                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+                                  "nbf": now - 10, "iat": now - 10, "exp": now + int(lifetime)}
         if service_url is not None:
             claims["serviceurl"] = service_url
         return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": "test-key-1"})

@@ -372,6 +372,12 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
         log.warning("channel %s of bot %s: refused delivery %s: it ran in a session since deleted (a replay?)",
                     kind, bot, inbound.delivery)
         return
+    if inbound.sequence is not None and (scope := channel.sequence_scope()) is not None \
+            and await replays.out_of_sequence(store, scope, inbound.sequence, time.time()):
+        # Numbered below what the platform delivered WINDOW ago: a replay, whose marks may be gone.
+        log.warning("channel %s of bot %s: refused delivery %s: number %d is below the bot's floor "
+                    "(first delivered over a day ago: a replay?)", kind, bot, inbound.delivery, inbound.sequence)
+        return
     inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from chatrun.server.channels.base import (
+    MAX_DELIVERY_AGE,
     ChannelKind,
     FetchFailed,
     Inbound,
@@ -104,6 +105,10 @@ class Teams(ChannelKind):
                                 issuer=ISSUER, leeway=LEEWAY, options={"require": ["exp", "iss", "aud"]})
         except jwt.PyJWTError as exc:
             raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
+        if float(claims["exp"]) > time.time() + MAX_DELIVERY_AGE - LEEWAY:
+            # A replay once an erasure's marks are gone (24 h) must find its token expired.
+            raise Unauthorized(f"teams: the Bot Framework token is valid for over {MAX_DELIVERY_AGE // 3600} h "
+                               "(its exp): a replay of its activity would outlive the replay window")
         try:
             payload = json.loads(body)
             self._read = (body, payload)  # `read` takes it: the body is parsed once

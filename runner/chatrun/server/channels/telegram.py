@@ -44,7 +44,14 @@ class Telegram(ChannelKind):
         if not sent or not hmac.compare_digest(sent.encode(), self.secret("secret").encode()):
             raise Unauthorized(f"telegram: the {SECRET_HEADER} header is missing or wrong")
 
+    def sequence_scope(self) -> str:
+        """The Telegram bot (its id, the token's part before the colon): update_ids increase per bot."""
+        return f"{self.kind}:{self.secret('token').partition(':')[0]}"
+
     def inbound(self, payload: Any) -> list[Inbound]:
+        return [dataclasses.replace(message, sequence=payload["update_id"]) for message in self._messages(payload)]
+
+    def _messages(self, payload: Any) -> list[Inbound]:
         if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
             return []
         delivery = str(payload["update_id"])
