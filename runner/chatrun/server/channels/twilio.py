@@ -12,7 +12,8 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    gets 409 and no token, whenever it comes (store/replays.py: CALL_CLAIM_AGE).
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
    Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
-   as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
+   as the principal `twilio:<caller's number>`, or `twilio:anonymous:<CallSid>` when the number is
+   withheld: `caller_principal`); its reply is streamed down the socket as
    `text` tokens, not through the outbox (a live call has no later). An `interrupt` cancels
    the running turn (it rolls back) and the next prompt tells the model what the caller heard.
 3. An operator's takeover (`operator:`) or an ended conversation sends `end`: Twilio then asks
