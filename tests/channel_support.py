@@ -199,6 +199,21 @@ def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D
             "type": "event_callback", "event_id": event_id, "event_time": 1764950400}
 
 
+def slack_edit(event_id: str, edited: dict[str, Any], text: str, edit_ts: str = "1764950460.000100") -> dict[str, Any]:
+    """The `message_changed` event Slack sends when a person edits the message of `edited` (a
+    delivery of slack_message), as its Events API documents it: the message as it now is, with
+    its `edited` user and ts, and the message before."""
+    before = edited["event"]
+    message = {**{k: before[k] for k in ("type", "user", "text", "ts") if k in before}, "text": text,
+               "edited": {"user": before["user"], "ts": edit_ts}}
+    if before.get("thread_ts"):
+        message["thread_ts"] = before["thread_ts"]
+    event = {"type": "message", "subtype": "message_changed", "hidden": True, "channel": before["channel"],
+             "channel_type": before["channel_type"], "message": message, "previous_message": dict(before),
+             "ts": edit_ts, "event_ts": edit_ts}
+    return {**edited, "event": event, "event_id": event_id}
+
+
 def slack_file_share(event_id: str, text: str, url: str, mimetype: str = "image/png", size: int = 100,
                      user: str = "U42", channel: str = "D42") -> dict[str, Any]:
     """A message event with a file shared (subtype file_share), its file read from url_private."""
@@ -256,6 +271,17 @@ def whatsapp_signed(app_secret: str, body: bytes) -> dict[str, str]:
     import hmac
 
     return {"X-Hub-Signature-256": "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()}
+
+
+def whatsapp_edit(wamid: str, original: str, text: str, user: str = "4915112345678",
+                  number: str = "1065550001") -> dict[str, Any]:
+    """A Cloud API webhook with an `edit` message: the user edited the message `original` (its
+    wamid) to `text`, as Meta's edit webhook reference shows it."""
+    payload = whatsapp_message(wamid, text, user=user, number=number)
+    message = payload["entry"][0]["changes"][0]["value"]["messages"][0]
+    edited = {"type": "text", "text": message.pop("text")}
+    message |= {"type": "edit", "edit": {"original_message_id": original, "message": edited}}
+    return payload
 
 
 def whatsapp_message(wamid: str, text: str | None = None, user: str = "4915112345678", number: str = "1065550001",
@@ -374,17 +400,24 @@ class FakeBotFramework:
         self.server.server_close()
 
     def activity_token(self, service_url: str | None, audience: str | None = None, key: Any = None,
-                       issued: float | None = None) -> str:
-        """A Bot Framework token for an activity (valid an hour from `issued`, default now);
-        `service_url` None: one without the claim."""
+                       issued: float | None = None, lifetime: float = 3600) -> str:
+        """A Bot Framework token for an activity (valid `lifetime` seconds, an hour, from `issued`,
+        default now); `service_url` None: one without the claim."""
         import jwt
 
         now = int(time.time() if issued is None else issued)
         claims: dict[str, Any] = {"iss": self.ISSUER, "aud": audience or self.app_id,
-                                  "nbf": now - 10, "iat": now - 10, "exp": now + 3600}
+                                  "nbf": now - 10, "iat": now - 10, "exp": now + int(lifetime)}
         if service_url is not None:
             claims["serviceurl"] = service_url
         return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": "test-key-1"})
+
+    def edit_activity(self, activity_id: str, text: str, **who: Any) -> dict[str, Any]:
+        """The messageUpdate activity Teams sends when the user edits the message `activity_id`:
+        the message's id, its new text, `channelData.eventType` editMessage."""
+        body = self.activity(activity_id, text, **who)
+        body |= {"type": "messageUpdate", "channelData": {"eventType": "editMessage", "tenant": {"id": "t1"}}}
+        return body
 
     def activity(self, activity_id: str, text: str | None = None, value: dict[str, Any] | None = None,
                  user: str = "29:1abc", aad: str = "aad-42", conversation: str = "a:1personal") -> dict[str, Any]:
@@ -494,6 +527,12 @@ def telegram_message(update_id: int, text: str, user: int = 42, chat: int | None
     return {"update_id": update_id, "message": {
         "message_id": update_id * 10, "date": 1764950400, "text": text, "from": sender,
         "chat": {"id": chat if chat is not None else user, "type": "private", "first_name": first_name}}}
+
+
+def telegram_edit(update_id: int, edited: dict[str, Any], text: str) -> dict[str, Any]:
+    """An Update with an edited_message: the message of `edited` (a telegram_message) as it now
+    is, with its edit_date, as the Bot API documents it."""
+    return {"update_id": update_id, "edited_message": {**edited["message"], "text": text, "edit_date": 1764950460}}
 
 
 def telegram_press(update_id: int, data: str, user: int = 42, chat: int | None = None) -> dict[str, Any]:

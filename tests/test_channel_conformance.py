@@ -34,13 +34,16 @@ from channel_support import (
     FakeTelegram,
     FakeWhatsApp,
     die_after_a_notice_commits,
+    slack_edit,
     slack_file_share,
     slack_message,
     slack_press,
     slack_signed,
+    telegram_edit,
     telegram_file,
     telegram_message,
     telegram_press,
+    whatsapp_edit,
     whatsapp_media,
     whatsapp_message,
     whatsapp_signed,
@@ -158,6 +161,10 @@ class Driver:
     def press(self, value: str) -> int:
         raise NotImplementedError
 
+    def edit(self, delivery: int, text: str) -> int:
+        """Edit the message sent as `delivery` to `text`: a new delivery of the platform's edit."""
+        raise NotImplementedError
+
     def send_file(self, data: bytes, caption: str) -> int:
         """Send an image with a caption, as the platform's file message."""
         raise NotImplementedError
@@ -191,6 +198,9 @@ class TelegramDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(telegram_press(self.next_id(), value))
 
+    def edit(self, delivery: int, text: str) -> int:
+        return self._send(telegram_edit(1000 + self.next_id(), telegram_message(delivery, ""), text))
+
     def send_file(self, data: bytes, caption: str) -> int:
         self.api.files["ph-1"] = data
         return self._send(telegram_file(self.next_id(), "ph-1", caption=caption))
@@ -222,6 +232,10 @@ class SlackDriver(Driver):
         body = urlencode({"payload": json.dumps(slack_press(f"trig-{self.next_id()}", value))}).encode()
         return self._signed(body, form=True)
 
+    def edit(self, delivery: int, text: str) -> int:
+        return self._signed(json.dumps(slack_edit(f"EvEdit{self.next_id()}", slack_message(f"Ev{delivery}", ""),
+                                                  text)).encode())
+
     def send_file(self, data: bytes, caption: str) -> int:
         self.api.files["/files-pri/T1-F1/photo.png"] = data
         delivery = slack_file_share(f"Ev{self.next_id()}", caption, f"{self.api.url}/files-pri/T1-F1/photo.png")
@@ -252,6 +266,9 @@ class WhatsAppDriver(Driver):
 
     def press(self, value: str) -> int:
         return self._send(whatsapp_message(f"wamid.{self.next_id()}", button=value))
+
+    def edit(self, delivery: int, text: str) -> int:
+        return self._send(whatsapp_edit(f"wamid.edit{self.next_id()}", f"wamid.{delivery}", text))
 
     def send_file(self, data: bytes, caption: str) -> int:
         whatsapp_media(self.api, "media-1", data)
@@ -287,6 +304,9 @@ class TeamsDriver(Driver):
 
     def press(self, value: str) -> int:
         return self._send(self.api.activity(f"act-{self.next_id()}", value={"choice": value}))
+
+    def edit(self, delivery: int, text: str) -> int:
+        return self._send(self.api.edit_activity(f"act-{delivery}", text))
 
     def send_file(self, data: bytes, caption: str) -> int:
         """An image in a personal chat, as Teams sends it: its contentUrl on the Bot Connector,
@@ -618,3 +638,24 @@ def test_a_typed_message_that_ends_like_a_buttons_value_is_a_message(chat):
     wait_until(chat.user.replies, what="the reply")
     chat.settled()
     assert chat.texts() == ["You said where is order #p7."]
+
+
+def test_an_edited_message_runs_no_turn_and_its_user_is_told_once_to_send_it_again(chat):
+    """An edit (Slack's message_changed, Telegram's edited_message, WhatsApp's `edit`, Teams'
+    messageUpdate) was dropped silently: the user fixed a typo and waited forever. It runs no
+    turn, keeps nothing in the conversation's memory, and its user reads why once per edited
+    message, however often the platform delivers the edit or the message is edited again."""
+    assert chat.user.say("helo", delivery=90) == 200
+    wait_until(chat.user.replies, what="the reply")
+    for text in ("hello", "hello", "hello!"):  # the edit, its delivery sent again, a second edit
+        assert chat.user.edit(90, text) == 200
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the notice")
+    chat.settled()
+    assert chat.texts() == ["You said helo.", PAGE_TEXTS["channel_edited"]]
+    assert len(chat.fake.requests) == 1  # no turn ran for the edits
+    assert chat.user.say("next") == 200
+    wait_until(lambda: len(chat.user.replies()) == 3, what="the next reply")
+    chat.settled()
+    assert chat.texts() == ["You said helo.", PAGE_TEXTS["channel_edited"], "You said next."]
+    said = [m["content"] for m in chat.fake.requests[-1]["messages"][1:]]
+    assert said == ["helo", "You said helo.", "next"]  # nothing of the edits in the memory

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 import pytest
 from fastapi.testclient import TestClient
 
-from channel_support import FakeSlack, slack_message, slack_press, slack_signed
+from channel_support import FakeSlack, slack_edit, slack_message, slack_press, slack_signed
 from channel_support import shop_responder as responder
 from chatrun.engine import stream_chunks
 from chatrun.server.channels.base import session_id_for
@@ -136,6 +136,29 @@ def test_in_a_channel_a_thread_is_the_conversation_and_the_bot_answers_in_it(cli
     sent = slack.calls("chat.postMessage")
     assert [(c["channel"], c["thread_ts"]) for c in sent] == [("C7", "100.1"), ("C7", "100.1")]
     assert sorted(texts(slack)) == ["You said <@B1> hello.", "You said more."]
+
+
+def test_a_persons_edit_in_a_thread_is_told_there_and_unfurls_and_the_bots_own_updates_are_not(client, slack, fake):
+    """Slack sends `message_changed` for a link's unfurl (no `edited`) and for the bot's own
+    messages (chat.update of a streamed reply: `bot_id`) too: neither is a person's edit, and a
+    notice for them would answer the bot's every streamed reply. A person's edit in the thread
+    is told once, in the thread."""
+    asked = slack_message("Ev1", "hello thre", channel="C7", ts="100.5", thread_ts="100.1")
+    post_event(client, asked)
+    wait_until(lambda: texts(slack), what="the reply")
+    unfurl = slack_edit("Ev2", asked, "hello thre")
+    del unfurl["event"]["message"]["edited"]
+    own = slack_edit("Ev3", slack_message("Ev0", "You said hello thre.", channel="C7", ts="100.6",
+                                          thread_ts="100.1"), "You said hello thre. Anything else?")
+    own["event"]["message"]["bot_id"] = "B1"
+    for event in (unfurl, own, slack_edit("Ev4", asked, "hello there"), slack_edit("Ev5", asked, "hello there!")):
+        assert post_event(client, event).status_code == 200
+    wait_until(lambda: len(texts(slack)) == 2, what="the notice")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert [(c["channel"], c["thread_ts"], c["text"]) for c in slack.calls("chat.postMessage")] == [
+        ("C7", "100.1", "You said hello thre."),
+        ("C7", "100.1", "I do not read edited messages, so your edit changed nothing. Please send the message again.")]
+    assert len(fake.requests) == 1
 
 
 def test_the_users_confirmation_is_block_kit_buttons_and_a_press_decides_it(client, slack):

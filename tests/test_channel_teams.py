@@ -120,6 +120,18 @@ def test_an_activity_replayed_with_its_token_expired_gets_401(client, bf, fake):
     assert len(fake.requests) == 1
 
 
+def test_a_token_valid_for_longer_than_the_replay_window_gets_401(client, bf, fake):
+    """The Bot Framework signs no time in the activity: what refuses its replay once an erasure's
+    marks are gone (24 h, store/replays.py WINDOW) is its token's `exp`. A token valid for days
+    would let its activity be replayed after them: refused. The Bot Framework's own (an hour) runs."""
+    activity = bf.activity("act-1", "hello")
+    lasting = bf.activity_token(activity["serviceUrl"], lifetime=3 * 24 * 3600)
+    assert post(client, bf, activity, lasting).status_code == 401
+    assert fake.requests == []
+    assert post(client, bf, activity, bf.activity_token(activity["serviceUrl"])).status_code == 200
+    assert len(fake.requests) == 1
+
+
 def test_the_users_confirmation_is_an_adaptive_card_and_a_press_decides_it(client, bf):
     post(client, bf, bf.activity("act-1", "book Hamlet"))
     wait_until(lambda: bf.activities, what="the question")

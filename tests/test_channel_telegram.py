@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sqlite3
 import threading
 import time
@@ -488,7 +489,8 @@ def test_a_text_is_cut_at_the_best_boundary_within_the_limit():
 
 def test_erasing_a_telegram_user_leaves_no_record_of_their_chat(client, telegram, fake, tmp_path):
     """The note of which session a chat went on in after its conversation ended names the chat
-    (its key) and the sessions: it goes with them when the user's data is erased."""
+    (its key) and the sessions: it goes with them when the user's data is erased. The bot's floor
+    of update numbers (store/replays.py `out_of_sequence`) stays: it is the bot's, and names no chat."""
     deliver(client, telegram_message(1, "bye"))
     wait_until(lambda: texts(telegram), what="the goodbye")
     deliver(client, telegram_message(2, "hello again"))
@@ -497,8 +499,10 @@ def test_erasing_a_telegram_user_leaves_no_record_of_their_chat(client, telegram
     erased = client.delete("/principals/telegram:42").json()["erased"]
     assert erased["sessions"] == 2, erased
     with sqlite3.connect(tmp_path / "s.db") as db:
-        left = [key for (key,) in db.execute("SELECT key FROM records") if ":42" in key or "telegram" in key]
-    assert left == []
+        left = {key: value for key, value in db.execute("SELECT key, record FROM records")
+                if ":42" in key or "telegram" in key}
+    floor = left.pop("sequence:telegram:123456")
+    assert left == {} and sorted(json.loads(floor)) == ["floor", "last", "seen"] and "42" not in floor
 
 
 def test_no_other_door_can_take_a_channel_conversations_session_id_first(client, telegram, fake):
@@ -525,3 +529,52 @@ def test_no_other_door_can_take_a_channel_conversations_session_id_first(client,
     assert deliver(client, telegram_message(1, "hello")).status_code == 200
     wait_until(lambda: texts(telegram), what="the reply")
     assert texts(telegram) == ["You said hello."]
+
+
+def test_an_update_replayed_after_its_erasures_marks_are_gone_is_refused_by_the_bots_floor(client, telegram, fake,
+                                                                                           monkeypatch):
+    """Telegram signs no time: a captured update replayed more than 24 h after its user's erasure
+    (its kept hash gone: store/replays.py WINDOW) ran its turn again in a new session. Its
+    `update_id` is below the bot's floor by then (update_ids increase per bot): refused forever,
+    answered 200, nothing run or stored; a newer update runs. The clock is the door's, moved on."""
+    import types
+
+    from chatrun.server.channels import door
+    from chatrun.store import replays
+
+    assert deliver(client, telegram_message(500, "hello")).status_code == 200
+    wait_until(lambda: texts(telegram), what="the reply")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert client.delete("/principals/telegram:42").json()["erased"]["sessions"] == 1
+    later = time.time() + replays.WINDOW + 2 * replays.SEQUENCE_BUCKET  # the erasure's marks are past their `until`
+    monkeypatch.setattr(door, "time", types.SimpleNamespace(time=lambda: later, monotonic=time.monotonic))
+    assert deliver(client, telegram_message(500, "hello")).status_code == 200
+    assert client.delete("/principals/telegram:42?dry_run=true").json()["erased"]["sessions"] == 0
+    assert len(fake.requests) == 1
+    assert deliver(client, telegram_message(501, "hello again")).status_code == 200
+    wait_until(lambda: len(texts(telegram)) == 2, what="the newer update's reply")
+    assert texts(telegram) == ["You said hello.", "You said hello again."] and len(fake.requests) == 2
+
+
+def test_the_floor_never_refuses_telegrams_own_retry_within_a_day_and_starts_anew_after_a_quiet_week(tmp_path):
+    """Telegram retries an update for up to 24 h, out of order with newer ones: a number first seen
+    less than WINDOW - SEQUENCE_BUCKET ago is never refused. After six days without an update
+    Telegram may number the next one lower (at random after a week): the floor starts anew."""
+    import asyncio
+
+    from chatrun.store import replays
+    from chatrun.store.local import LocalAsyncStore
+    from chatrun.store.sqlite import SQLiteStore
+
+    async def run() -> list[bool]:
+        store = LocalAsyncStore(SQLiteStore(str(tmp_path / "s.db")))
+        t0, scope, out = 1_800_000_000.0, "telegram:123456", []
+        for number, at in ((10, t0), (12, t0 + 60), (11, t0 + 120),  # 11 after 12: concurrent connections
+                           (10, t0 + replays.WINDOW - replays.SEQUENCE_BUCKET),  # a retry late in its day
+                           (13, t0 + replays.WINDOW + 60), (12, t0 + replays.WINDOW + 60),  # a replay
+                           (5, t0 + replays.WINDOW + 60 + replays.SEQUENCE_QUIET)):  # after a quiet week
+            out.append(await replays.out_of_sequence(store, scope, number, at))
+        await store.close()
+        return out
+
+    assert asyncio.run(run()) == [False, False, False, False, False, True, False]

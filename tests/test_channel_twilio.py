@@ -654,3 +654,30 @@ def test_an_operators_written_message_to_a_phone_caller_is_refused_and_nothing_i
         assert "handoff_to" in said.json()["message"]
         assert client.get(base, headers=olga).json()["turn"] == turns  # nothing committed, nothing queued
         assert client.post(f"{base}/release", json={}, headers=olga).status_code == 200
+
+
+@pytest.mark.parametrize("withheld", ["anonymous", "+266696687", "Restricted", ""])
+def test_callers_whose_number_is_withheld_are_each_a_principal_of_their_call_with_no_roles(
+        tmp_path, fake, monkeypatch, withheld):
+    from chatrun.server.auth import AuthFileWarning
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    bot = tmp_path / "bot.yaml"
+    bot.write_text(BOT.replace("{{ principal.name }}.", "{{ principal.name }} ({{ principal.roles | join(',') }})."))
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("principals: {'twilio:anonymous': {roles: [vip]}, 'twilio:+14155550123': {roles: [vip]}}\n")
+    fake.queue({"text": "Hello A."}, {"text": "Hello B."})
+    with pytest.warns(AuthFileWarning, match=r"principals\.twilio:anonymous: gives its roles to no one"):
+        app = app_for_testclient([str(bot)], f"sqlite:///{tmp_path / 's.db'}", auth=str(auth))
+    with TestClient(app) as client:
+        for call_sid in ("CA0001", "CA0002"):  # two callers, both withheld, through the real relay socket
+            params = {**call_params(call_sid), "From": withheld}
+            answer = signed_post(client, "/channels/phone/twilio", params)
+            parts = urlsplit(unescape(re.search(r'<ConversationRelay url="([^"]+)"', answer.text).group(1)))
+            with client.websocket_connect(f"{parts.path}?{parts.query}") as ws:
+                ws.send_json({**setup(call_sid), "from": withheld})
+                ws.send_json(prompt("Hello?"))
+                reply(ws)
+    systems = [request["messages"][0]["content"] for request in fake.requests]
+    assert systems == ["You sell tickets to twilio:anonymous:CA0001 ().",
+                       "You sell tickets to twilio:anonymous:CA0002 ()."]  # never one shared principal

@@ -122,6 +122,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         # A messaging platform's user who pressed a button of a question answered before: nothing is decided.
         "channel_answered": "That question was answered already, so the button did nothing. "
                             "Please answer the latest question.",
+        # A messaging platform's user who edited a message sent before: no turn runs (edits are not read).
+        "channel_edited": "I do not read edited messages, so your edit changed nothing. "
+                          "Please send the message again.",
         # A messaging platform's user whose message is over the server's --max-message-chars: no turn runs.
         "channel_too_long_one": "Sorry, your message is too long: I take messages of up to {limit} character. "
                                 "Please send a shorter one.",
@@ -316,6 +319,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
         "channel_answered": "Diese Frage wurde schon beantwortet, der Knopf hat nichts bewirkt. "
                             "Bitte beantworten Sie die letzte Frage.",
+        "channel_edited": "Bearbeitete Nachrichten lese ich nicht, Ihre Änderung hat nichts bewirkt. "
+                          "Bitte senden Sie die Nachricht noch einmal.",
         "channel_too_long_one": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen "
                                 "an. Bitte senden Sie eine kürzere.",
         "channel_too_long_other": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen "
@@ -503,6 +508,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
         "channel_answered": "تمت الإجابة عن هذا السؤال من قبل، لذا لم يفعل الزر شيئًا. "
                             "يُرجى الإجابة عن السؤال الأخير.",
+        "channel_edited": "لا أقرأ الرسائل المعدَّلة، لذا لم يغيّر تعديلك شيئًا. "
+                          "يُرجى إرسال الرسالة مرة أخرى.",
         "channel_too_long_one": "عذرًا، رسالتك طويلة جدًا: الحد الأقصى لعدد الأحرف في الرسالة: {limit}. "
                                 "يُرجى إرسال رسالة أقصر.",
         "channel_too_long_other": "عذرًا، رسالتك طويلة جدًا: الحد الأقصى لعدد الأحرف في الرسالة: {limit}. "

@@ -162,6 +162,10 @@ def _principals(raw: object, source: str) -> dict[str, Principal]:
     return out
 
 
+class AuthFileWarning(UserWarning):
+    """An auth file's entry that gives nothing to anyone (shown as one line by the CLI)."""
+
+
 _RESERVED_CLAIMS = ("name", "roles")
 
 # Why a token may not grant the engine's own audiences (engine/pending.py ENGINE_AUDIENCES), and

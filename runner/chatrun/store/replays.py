@@ -35,6 +35,16 @@ WINDOW = 24 * 3600
 CALL_CLAIM_AGE = 30 * 24 * 3600
 
 
+# A platform that numbers its deliveries to a bot in increasing order and signs no time
+# (Telegram's update_id): the numbers seen, by bucket of SEQUENCE_BUCKET seconds, make a floor
+# that refuses a number first seen WINDOW ago forever (`out_of_sequence`), when the marks of an
+# erasure are gone. Telegram retries an update for 24 h at most; it picks the next update_id at
+# random after a week without updates (so the record of a bot quiet for SEQUENCE_QUIET starts anew).
+SEQUENCE_PREFIX = "sequence:"
+SEQUENCE_BUCKET = 600
+SEQUENCE_QUIET = 6 * 24 * 3600
+
+
 def key_of(request_id: str) -> str:
     return PREFIX + hashlib.sha256(request_id.encode()).hexdigest()
 
@@ -91,3 +101,28 @@ async def prune(store: AsyncStore, now: float, part: str = "") -> int:
             await store.delete_record(key)
             pruned += 1
     return pruned
+
+
+async def out_of_sequence(store: AsyncStore, scope: str, number: int, now: float) -> bool:
+    """Whether delivery `number` of `scope` (a bot on a platform that numbers its deliveries in
+    increasing order) is at or below the scope's floor: the highest number seen in a bucket that
+    began WINDOW ago or more. Such a number was first delivered over WINDOW - SEQUENCE_BUCKET ago
+    (the platform's own retries are over), and its erasure's marks may be gone: refused forever.
+    Otherwise the number is noted in the current bucket. (Read then written, not atomic: two
+    replicas noting numbers at once may lose one, which lowers the floor, never raises it.)"""
+    key = SEQUENCE_PREFIX + scope
+    found = await store.get_record(key) or {}
+    if now - float(found.get("last") or 0) >= SEQUENCE_QUIET:
+        found = {}
+    seen = [[float(at), int(high)] for at, high in found.get("seen") or ()]
+    floor = max([int(found.get("floor", -1)), *(high for at, high in seen if at + WINDOW <= now)])
+    if number <= floor:
+        return True
+    seen = [entry for entry in seen if entry[0] + WINDOW > now]
+    start = now - now % SEQUENCE_BUCKET
+    if seen and seen[-1][0] == start:
+        seen[-1][1] = max(seen[-1][1], number)
+    else:
+        seen.append([start, number])
+    await store.put_record(key, {"floor": floor, "seen": seen, "last": now})
+    return False

@@ -144,6 +144,12 @@ class Inbound:
     files: tuple[InboundFile, ...] = ()  # photos, documents: the turn's attachments once fetched
     pressed: bool = False  # a button's value, pressed (not typed): it may name a waiting item (press_value)
     sent: float | None = None  # when the user sent it, as the platform signed it (too_old refuses a replay)
+    # An edit of a message sent before: no turn runs, the user is told edits are not read
+    # (door.py; its delivery names the edited message, so each edited message is told once).
+    edited: bool = False
+    # The platform's number of the delivery, increasing per bot (Telegram's update_id): one at or
+    # below the bot's floor is a replay (store/replays.py `out_of_sequence`; `sequence_scope`).
+    sequence: int | None = None
 
     def __post_init__(self) -> None:
         # The delivery id is the turn's request id (and names the message's records): a delivery
@@ -256,6 +262,11 @@ class ChannelKind:
     def subscribe(self, query: Mapping[str, str]) -> str | None:
         """The answer to the platform's GET checking the webhook URL (WhatsApp's hub.challenge),
         or None when the query is not the platform's (then 403)."""
+        return None
+
+    def sequence_scope(self) -> str | None:
+        """What the platform numbers its deliveries within (`Inbound.sequence`): Telegram's bot;
+        None for a platform whose deliveries are not numbered in order."""
         return None
 
     def inbound(self, payload: Any) -> list[Inbound]:

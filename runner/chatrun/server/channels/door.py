@@ -61,7 +61,7 @@ from chatrun.server.channels.base import (
 from chatrun.server.channels.slack import Slack
 from chatrun.server.channels.teams import Teams
 from chatrun.server.channels.telegram import Telegram
-from chatrun.server.channels.twilio import Twilio
+from chatrun.server.channels.twilio import Twilio, warn_withheld_entries
 from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
@@ -92,6 +92,7 @@ class Channels:
     def __init__(self, auth: Auth | None, store: AsyncStore | None = None, acked: AckedSettings | None = None,
                  limits: wire.ServerLimits | None = None):
         self.auth, self.store = auth, store  # the store: where a streamed reply's message is noted
+        warn_withheld_entries(auth)
         self.limits = limits or wire.ServerLimits()  # a user's message: --max-message-chars, as on every door
         self.acked = AckedDeliveries(acked)  # deliveries answered before their turn ran (Slack's)
         self._built: dict[tuple[int, str], ChannelKind] = {}
@@ -321,8 +322,9 @@ async def receive(bot: str, kind: str, request: Request, registry: Registry) -> 
 def _saying(messages: list[Inbound]) -> list[Inbound]:
     """The messages that say something: one with no text (empty or only whitespace) and no file
     runs no turn and gets no reply (wire.says_nothing, every door's rule); its delivery is
-    answered 200 all the same, so the platform does not send it again."""
-    return [message for message in messages if not wire.says_nothing(message.text, message.files)]
+    answered 200 all the same, so the platform does not send it again. An edit is kept, whatever
+    it says: its user is told edits are not read (`_run`)."""
+    return [message for message in messages if message.edited or not wire.says_nothing(message.text, message.files)]
 
 
 def _fresh(channel: ChannelKind, messages: list[Inbound]) -> list[Inbound]:
@@ -370,6 +372,12 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
         log.warning("channel %s of bot %s: refused delivery %s: it ran in a session since deleted (a replay?)",
                     kind, bot, inbound.delivery)
         return
+    if inbound.sequence is not None and (scope := channel.sequence_scope()) is not None \
+            and await replays.out_of_sequence(store, scope, inbound.sequence, time.time()):
+        # Numbered below what the platform delivered WINDOW ago: a replay, whose marks may be gone.
+        log.warning("channel %s of bot %s: refused delivery %s: number %d is below the bot's floor "
+                    "(first delivered over a day ago: a replay?)", kind, bot, inbound.delivery, inbound.sequence)
+        return
     inbound = await channel.named(channels.client(), inbound)
     key = f"channel:{bot}:{kind}:{inbound.conversation}"
     found = await store.get_record(key)
@@ -413,15 +421,10 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
             replay = await run.is_replay()
             if session.ended is not None and not replay:  # (the ending turn's retry replays)
                 return False
-            if answered is not None and not replay:
-                why = f"a press on the button of {answered}, which waits no more"
-                log.info("channel %s of bot %s: delivery %s: %s", kind, bot, inbound.delivery, why)
-                await run.notice(page_texts(session.bot.config.catalogs, session.locale)["channel_answered"], why)
-                return True
-            too_long = None if replay else channels.limits.message_too_long(inbound.text)
-            if too_long is not None:  # (as the HTTP API and the WebSocket refuse it; another try would be too)
-                log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, too_long)
-                await run.notice(too_long_notice(session, channels.limits.max_message_chars), too_long)
+            told = None if replay else _told_instead(channels, session, inbound, answered)
+            if told is not None:  # no turn: the user is told why, once
+                log.info("channel %s of bot %s: delivery %s: no turn: %s", kind, bot, inbound.delivery, told[1])
+                await run.notice(*told)
                 return True
             if inbound.files and not replay:
                 try:
@@ -443,6 +446,23 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
     return True
+
+
+def _told_instead(channels: Channels, session: Session, inbound: Inbound,
+                  answered: str | None) -> tuple[str, str] | None:
+    """What the user is told instead of a turn, and why (a new delivery's, not a retry's): an
+    edit of a message sent before (edits are not read: `channel_edited`), a press on the button
+    of a question that waits no more, a message over --max-message-chars (as the HTTP API and
+    the WebSocket refuse it; another try would be too); None when the message runs its turn."""
+    texts = page_texts(session.bot.config.catalogs, session.locale)
+    if inbound.edited:
+        return texts["channel_edited"], "an edit of a message sent before: edits are not read"
+    if answered is not None:
+        return texts["channel_answered"], f"a press on the button of {answered}, which waits no more"
+    too_long = channels.limits.message_too_long(inbound.text)
+    if too_long is not None:
+        return too_long_notice(session, channels.limits.max_message_chars), too_long
+    return None
 
 
 async def _streamer(channels: Channels, channel: ChannelKind, session: Session, inbound: Inbound,

@@ -210,6 +210,8 @@ def _content(message: Outgoing) -> dict[str, Any]:
 def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
     """A message or a mention from a person (not a bot, not an edit); in a channel only the
     bot's mentions and messages in threads start or go on with a conversation."""
+    if event.get("type") == "message" and event.get("subtype") == "message_changed":
+        return _edit(event)
     kind, user, text = event.get("type"), event.get("user"), event.get("text", "")
     if kind not in ("message", "app_mention") or event.get("subtype") not in (None, "file_share") \
             or event.get("bot_id") or not isinstance(user, str) or not isinstance(text, str):
@@ -228,6 +230,24 @@ def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
         delivery = f"{channel}:{event['ts']}"
     return [Inbound(delivery, _conversation(channel, thread, user), user, text,
                     {"channel": channel, "thread_ts": thread}, files=files)]
+
+
+def _edit(event: dict[str, Any]) -> list[Inbound]:
+    """A person's edit of their message (`message_changed`) in a conversation the bot is in: an
+    Inbound `edited`, its delivery the message's channel and `ts` (each edited message is told
+    once, however often it is edited or the event sent again). A link's unfurl (no `edited`) and
+    the bot's own updated replies are no edits of a person."""
+    message, channel = event.get("message"), str(event.get("channel"))
+    if not isinstance(message, dict) or not isinstance(message.get("edited"), dict) or message.get("bot_id"):
+        return []
+    user, text, ts = message.get("user"), message.get("text"), message.get("ts")
+    direct = event.get("channel_type") == "im"
+    if not isinstance(user, str) or not isinstance(text, str) or not isinstance(ts, str) \
+            or not (direct or message.get("thread_ts")):
+        return []  # a channel's chatter, as for a message
+    thread = None if direct else str(message["thread_ts"])
+    return [Inbound(f"{channel}:{ts}:edited", _conversation(channel, thread, user), user, text,
+                    {"channel": channel, "thread_ts": thread}, edited=True)]
 
 
 def _conversation(channel: str, thread: str | None, user: str) -> str:

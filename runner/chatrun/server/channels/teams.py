@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from chatrun.server.channels.base import (
+    MAX_DELIVERY_AGE,
     ChannelKind,
     FetchFailed,
     Inbound,
@@ -104,6 +105,10 @@ class Teams(ChannelKind):
                                 issuer=ISSUER, leeway=LEEWAY, options={"require": ["exp", "iss", "aud"]})
         except jwt.PyJWTError as exc:
             raise Unauthorized(f"teams: the Bot Framework token is not valid ({type(exc).__name__}: {exc})") from None
+        if float(claims["exp"]) > time.time() + MAX_DELIVERY_AGE - LEEWAY:
+            # A replay once an erasure's marks are gone (24 h) must find its token expired.
+            raise Unauthorized(f"teams: the Bot Framework token is valid for over {MAX_DELIVERY_AGE // 3600} h "
+                               "(its exp): a replay of its activity would outlive the replay window")
         try:
             payload = json.loads(body)
             self._read = (body, payload)  # `read` takes it: the body is parsed once
@@ -136,6 +141,9 @@ class Teams(ChannelKind):
         return self._keys
 
     def inbound(self, payload: Any) -> list[Inbound]:
+        if isinstance(payload, dict) and payload.get("type") == "messageUpdate" \
+                and (payload.get("channelData") or {}).get("eventType") == "editMessage":
+            return _edit(payload)
         if not isinstance(payload, dict) or payload.get("type") != "message":
             return []
         value, text = payload.get("value"), payload.get("text")
@@ -147,15 +155,10 @@ class Teams(ChannelKind):
         files = _files(payload.get("attachments"), str(payload.get("serviceUrl") or ""))
         if not text and not files:
             return []
-        sender, conversation = payload.get("from") or {}, payload.get("conversation") or {}
-        user = str(sender.get("aadObjectId") or sender.get("id"))
-        address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
-                   "reply_to": payload.get("id"), "bot": payload.get("recipient")}
-        key = str(conversation.get("id"))  # a group chat or a channel's thread: one conversation per member
-        if conversation.get("isGroup") or conversation.get("conversationType") in ("groupChat", "channel"):
-            key = f"{key}:{user}"
+        user, key, address = _who(payload)
         return [Inbound(payload.get("id") or "", key, user, text, address,
-                        str(sender.get("name") or ""), payload.get("locale"), files=files, pressed=pressed)]
+                        str((payload.get("from") or {}).get("name") or ""), payload.get("locale"), files=files,
+                        pressed=pressed)]
 
     async def fetch(self, client: httpx.AsyncClient, file: InboundFile, limit: int) -> bytes:
         """A file's bytes: a Bot Connector URL with the bot's token, a downloadUrl as it is."""
@@ -257,3 +260,28 @@ def _card(message: Outgoing) -> dict[str, Any]:
         "body": [{"type": "TextBlock", "text": message.text, "wrap": True}],
         "actions": [{"type": "Action.Submit", "title": label, "data": {"choice": value}}
                     for label, value in message.buttons]}}
+
+
+def _who(payload: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """An activity's sender, conversation key and reply address: a group chat or a channel's
+    thread is one conversation per member."""
+    sender, conversation = payload.get("from") or {}, payload.get("conversation") or {}
+    user = str(sender.get("aadObjectId") or sender.get("id"))
+    address = {"service_url": payload.get("serviceUrl"), "conversation": conversation.get("id"),
+               "reply_to": payload.get("id"), "bot": payload.get("recipient")}
+    key = str(conversation.get("id"))
+    if conversation.get("isGroup") or conversation.get("conversationType") in ("groupChat", "channel"):
+        key = f"{key}:{user}"
+    return user, key, address
+
+
+def _edit(payload: dict[str, Any]) -> list[Inbound]:
+    """A `messageUpdate` activity of a person's edit (`channelData.eventType` editMessage): an
+    Inbound `edited`, its delivery the edited message's id (the activity's), so each edited
+    message is told once, however often it is edited or the activity sent again."""
+    if not payload.get("id"):
+        return []
+    user, key, address = _who(payload)
+    text = payload.get("text")
+    return [Inbound(f"{payload['id']}:edited", key, user, text.strip() if isinstance(text, str) else "", address,
+                    str((payload.get("from") or {}).get("name") or ""), payload.get("locale"), edited=True)]

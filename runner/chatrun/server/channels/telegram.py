@@ -8,6 +8,7 @@ delivery (Telegram sends an unacknowledged update again with the same id)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from collections.abc import Mapping
 from typing import Any
@@ -43,7 +44,14 @@ class Telegram(ChannelKind):
         if not sent or not hmac.compare_digest(sent.encode(), self.secret("secret").encode()):
             raise Unauthorized(f"telegram: the {SECRET_HEADER} header is missing or wrong")
 
+    def sequence_scope(self) -> str:
+        """The Telegram bot (its id, the token's part before the colon): update_ids increase per bot."""
+        return f"{self.kind}:{self.secret('token').partition(':')[0]}"
+
     def inbound(self, payload: Any) -> list[Inbound]:
+        return [dataclasses.replace(message, sequence=payload["update_id"]) for message in self._messages(payload)]
+
+    def _messages(self, payload: Any) -> list[Inbound]:
         if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
             return []
         delivery = str(payload["update_id"])
@@ -55,7 +63,13 @@ class Telegram(ChannelKind):
         if isinstance(query, dict) and isinstance(query.get("message"), dict) and isinstance(query.get("data"), str):
             return [_inbound(delivery, query["message"], query.get("from"), query["data"],
                              {"callback_query_id": query.get("id")}, pressed=True)]
-        return []  # an edit, a join, a sticker...: nothing for the bot to answer
+        edit = payload.get("edited_message")
+        if isinstance(edit, dict) and isinstance(edit.get("text") or edit.get("caption"), str):
+            # Told once per edited message (its chat and message_id), however often it is edited.
+            chat = (edit.get("chat") or {}).get("id")
+            return [dataclasses.replace(_inbound(f"edited:{chat}:{edit.get('message_id')}", edit, edit.get("from"),
+                                                 str(edit.get("text") or edit.get("caption"))), edited=True)]
+        return []  # a join, a sticker, a channel's post or its edit...: nothing for the bot to answer
 
     async def send(self, client: httpx.AsyncClient, address: dict[str, Any], message: Outgoing) -> None:
         body: dict[str, Any] = {"chat_id": address["chat_id"], "text": message.text}

@@ -12,7 +12,8 @@ speech both ways; chatrun reads and writes text over a WebSocket.
    gets 409 and no token, whenever it comes (store/replays.py: CALL_CLAIM_AGE).
 2. `/channels/{bot}/twilio/relay`: Twilio's messages (setup, prompt, interrupt, dtmf, error).
    Each complete prompt (or DTMF digit) runs one turn of the call's session (one per CallSid,
-   as the principal `twilio:<caller's number>`); its reply is streamed down the socket as
+   as the principal `twilio:<caller's number>`, or `twilio:anonymous:<CallSid>` when the number is
+   withheld: `caller_principal`); its reply is streamed down the socket as
    `text` tokens, not through the outbox (a live call has no later). An `interrupt` cancels
    the running turn (it rolls back) and the next prompt tells the model what the caller heard.
 3. An operator's takeover (`operator:`) or an ended conversation sends `end`: Twilio then asks
@@ -30,6 +31,7 @@ import hmac
 import json
 import logging
 import time
+import warnings
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -48,7 +50,7 @@ from chatrun.engine.pending import TAKEOVER
 from chatrun.errors import ChatrunError, SessionError
 from chatrun.server import wire
 from chatrun.server.audience import USER_ONLY, history_for
-from chatrun.server.auth import Principal
+from chatrun.server.auth import Auth, AuthFileWarning, Principal
 from chatrun.server.channels.base import (
     ChannelKind,
     Inbound,
@@ -64,6 +66,7 @@ from chatrun.server.sessions import OPEN
 from chatrun.store import replays
 
 if TYPE_CHECKING:
+    from chatrun.server.channels.door import Channels
     from chatrun.server.sessions import SessionRegistry
 
 log = logging.getLogger("chatrun.channels")
@@ -73,6 +76,11 @@ SIGNATURE_HEADER = "x-twilio-signature"
 RELAY_TTL = 4 * 3600  # seconds a relay URL may open a socket: Twilio's longest call
 POLICY_VIOLATION = 1008  # the WebSocket close code of a socket that is not the call's
 NOTE = "(The caller "  # an interrupt's note starts so, on a line of its own before the caller's words
+# What Twilio's From holds for a caller whose number is withheld (lower case, without spaces):
+# its words, and the numbers that spell them on a keypad (+266696687 is ANONYMOUS).
+WITHHELD = frozenset({"", "anonymous", "restricted", "unknown", "unavailable", "blocked", "private",
+                      "+266696687", "+7378742833", "+86282452253", "+2562533", "266696687"})
+ANONYMOUS = f"{KIND}:anonymous"  # the prefix of a withheld caller's principal: `twilio:anonymous:<CallSid>`
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,35 @@ class CallOf:
 
     call_sid: str
     caller: str
+
+
+def withheld(caller: str) -> bool:
+    """Whether Twilio's From names no caller (a withheld, restricted or unknown number)."""
+    return caller.strip().replace(" ", "").lower() in WITHHELD
+
+
+def caller_principal(channels: Channels, call: CallOf) -> Principal:
+    """The call's principal: `twilio:<From>`, with the roles the auth file's `principals:` gives
+    it; a caller whose number is withheld is `twilio:anonymous:<CallSid>`, a principal of this
+    call alone (never one every withheld caller shares: their user memory, sessions, roles), and
+    has no roles whatever the auth file says (server/auth.py warns of an entry naming one)."""
+    if withheld(call.caller):
+        return Principal(f"{ANONYMOUS}:{call.call_sid}")
+    return channels.principal(KIND, Inbound("", call.call_sid, call.caller, "", {}))
+
+
+def warn_withheld_entries(auth: Auth | None) -> None:
+    """Warn of each auth file `principals:` entry naming a caller whose number is withheld
+    (`twilio:anonymous`, `twilio:+266696687`...): it gives its roles to no one (`caller_principal`)."""
+    if auth is None:
+        return
+    for name in auth.principals:
+        kind, _, caller = name.partition(":")
+        if kind == KIND and (withheld(caller) or name.startswith(ANONYMOUS + ":")):
+            warnings.warn(f"{auth.source}: principals.{name}: gives its roles to no one: a caller whose number is "
+                          f"withheld is a principal of their call alone ({ANONYMOUS}:<CallSid>) and has no roles; "
+                          "give roles to callers by their number (twilio:+14155550123), or remove the entry",
+                          AuthFileWarning, stacklevel=2)
 
 
 @dataclass(frozen=True)
@@ -342,8 +379,7 @@ class Call:
                             self.call_sid, exc)
                 await self.ws.close(code=POLICY_VIOLATION)
                 return False
-            self.principal = self.registry.channels.principal(
-                KIND, Inbound("", self.call_sid, call.caller or "anonymous", "", {}))
+            self.principal = caller_principal(self.registry.channels, call)
         elif self.principal is None:
             return True  # nothing before the setup
         elif kind == "prompt":

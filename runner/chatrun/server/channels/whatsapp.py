@@ -71,6 +71,9 @@ class WhatsApp(ChannelKind):
                 names = {c.get("wa_id"): (c.get("profile") or {}).get("name", "") for c in value.get("contacts") or ()}
                 number = (value.get("metadata") or {}).get("phone_number_id")
                 for message in value.get("messages") or ():
+                    if message.get("type") == "edit" and number:
+                        out.extend(_edit(message, number, names))
+                        continue
                     text, files = _text(message), _files(message)
                     if files:
                         text = str(message[message["type"]].get("caption") or "")
@@ -147,3 +150,17 @@ def _text(message: dict[str, Any]) -> str | None:
     if kind == "button":  # a template's quick reply
         return str((message.get("button") or {}).get("payload") or "") or None
     return None  # a location, a reaction, a sticker: not answered (docs/channels.md)
+
+
+def _edit(message: dict[str, Any], number: str, names: dict[Any, Any]) -> list[Inbound]:
+    """An `edit` message (a user's edit of a message sent before; the Cloud API sends it to a
+    number on the WhatsApp Business app too): an Inbound `edited`, its delivery the edited
+    message's wamid (`edit.original_message_id`), so each edited message is told once."""
+    edit = message.get("edit")
+    original = edit.get("original_message_id") if isinstance(edit, dict) else None
+    if not isinstance(edit, dict) or not isinstance(original, str) or not original:
+        return []
+    user = str(message.get("from"))
+    text = _text(edit["message"]) if isinstance(edit.get("message"), dict) else None
+    return [Inbound(f"{original}:edited", f"{number}:{user}", user, text or "", {"phone_number_id": number, "to": user},
+                    names.get(user, ""), sent=epoch_seconds(message.get("timestamp")), edited=True)]
