@@ -82,18 +82,23 @@ class _RedactingPipeline(Pipeline):
             raise refused(self.store, getattr(exc, "chatrun_command", "EXEC"), exc) from None
 
 
-class RedactingRedis(redis.asyncio.Redis):
-    """The store's asyncio client (`for_store`)."""
+class _OfStore:
+    """A client made for a store (`for_store`): its errors name the store."""
 
     store = ""
 
     @classmethod
-    def for_store(cls, pool: Any, store: str) -> RedactingRedis:
+    def for_store(cls, pool: Any, store: str) -> Any:
         """A client of `pool` (closed with it) whose errors name `store`, the URL as shown."""
-        client = cls(connection_pool=pool)
-        client.auto_close_connection_pool = True
+        client = cls(connection_pool=pool)  # type: ignore[call-arg]
+        client.auto_close_connection_pool = True  # type: ignore[attr-defined]
         client.store = store
         return client
+
+
+# (mypy checks a class of two bases against both: redis.asyncio.Redis's own bases disagree on command_info)
+class RedactingRedis(redis.asyncio.Redis, _OfStore):  # type: ignore[misc]
+    """The store's asyncio client (`for_store`)."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         try:
@@ -109,18 +114,8 @@ class RedactingRedis(redis.asyncio.Redis):
         return pipe
 
 
-class RedactingSyncRedis(redis.Redis):
+class RedactingSyncRedis(redis.Redis, _OfStore):
     """The attached files' (blocking) client (`for_store`)."""
-
-    store = ""
-
-    @classmethod
-    def for_store(cls, pool: Any, store: str) -> RedactingSyncRedis:
-        """A client of `pool` (closed with it) whose errors name `store`, the URL as shown."""
-        client = cls(connection_pool=pool)
-        client.auto_close_connection_pool = True
-        client.store = store
-        return client
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         try:
