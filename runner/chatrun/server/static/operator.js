@@ -621,6 +621,8 @@
       return false;
     }
     await refreshSession();
+    // Taken over: the focus in the message box, where the operator goes next (the button is gone).
+    if (path === "/takeover" && $("operator-input")) $("operator-input").focus();
     refreshList();
     return true;
   }
