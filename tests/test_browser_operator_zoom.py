@@ -87,3 +87,32 @@ def test_the_operator_takes_over_answers_decides_and_releases_by_keyboard(fake, 
         page.locator(".pending-card[data-item=p1] button.approve").wait_for(state="detached", timeout=30_000)
         shot(page, f"operator-keyboard-released-{width}")
         assert errors == []
+
+
+def test_an_approval_decided_during_a_takeover_shows_it_is_held_not_open(fake, tmp_path):
+    """An operator who holds the conversation approves its item: the decision is held until the
+    release (docs/operators.md, "Whatever else happens while you hold the conversation"), and the
+    card says so, "Approved by ops: applies when the conversation is released", without controls.
+    (It showed Approve and Reject again, as if nothing had been decided, and a second click was
+    refused: "it is decided already".) On release the held approval applies and the card goes."""
+    fake.responder = responder
+    with chromium() as browser, ThreadServer(served(tmp_path)) as server:
+        post(server.url, "/bots/shop/sessions", {"id": "shop-1"})
+        post(server.url, "/bots/shop/sessions/shop-1/messages", {"userMessage": "refund A7"})
+        page = browser.new_context(viewport={"width": 1280, "height": 860}, locale="en-US").new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/operator?token={OPS}")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        page.locator(".op-session[data-bot=shop]").click()
+        page.click("#take-over")
+        page.wait_for_selector("#operator-input", timeout=30_000)
+        page.click(".pending-card[data-item=p1] button.approve")
+        card = page.locator(".pending-card[data-item=p1][data-state=held]")
+        card.wait_for(timeout=30_000)
+        assert card.locator(".pending-status").inner_text() == "Approved by ops: applies when the conversation is released"
+        assert card.locator("button").count() == 0
+        shot(page, "operator-held-approval-1280")
+        page.click("#release")
+        page.locator(".pending-card[data-item=p1]").wait_for(state="detached", timeout=30_000)
+        assert errors == []
