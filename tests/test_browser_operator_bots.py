@@ -132,3 +132,40 @@ def test_the_pages_own_texts_are_in_the_operators_language_each_bots_cards_in_it
             if width < 600:
                 page.locator(".op-back").click()
         assert errors == []
+
+
+@pytest.mark.parametrize("width", [900, 390])
+def test_an_arabic_operators_page_is_mirrored_and_each_card_keeps_its_bots_direction(fake, tmp_path, width):
+    """An operator whose browser reads Arabic gets the page right to left (its built-in Arabic
+    texts, though neither bot speaks Arabic); the English shop's card and the German laden's are
+    left to right in their own language (`lang`, `dir`): the card's question reads "Approve refund
+    ...?", not "?Approve refund ..." with its punctuation at the wrong end. Under 1100 px the
+    inspector (Details) opens at the page's end, the left, not over the conversation's start; lying
+    over the Details button that opened it, it has its own close button (it could not be closed
+    by a click or a tap)."""
+    fake.responder = responder
+    with ThreadServer(served(tmp_path)) as server, chromium() as browser:
+        for bot in ("shop", "laden"):
+            post(server.url, f"/bots/{bot}/sessions", {"id": f"{bot}-1"})
+            post(server.url, f"/bots/{bot}/sessions/{bot}-1/messages", {"userMessage": "refund A7"})
+        page = browser.new_context(viewport={"width": width, "height": 860}, locale="ar").new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/operator?token={OPS}")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        assert (page.locator("html").get_attribute("lang"), page.locator("html").get_attribute("dir")) == ("ar", "rtl")
+        for bot, lang in (("shop", "en"), ("laden", "de")):
+            page.locator(f".op-session[data-bot={bot}]").click()
+            card = page.locator(f".op-detail[data-session={bot}-1] .pending-card")
+            card.locator("button.approve").wait_for(timeout=30_000)
+            assert card.evaluate("c => [c.closest('[lang]').lang, getComputedStyle(c).direction]") == [lang, "ltr"]
+            page.locator(".op-aside-toggle").click()
+            inspector = page.locator("#op-inspector").bounding_box()
+            assert inspector and inspector["x"] == 0  # the end of a right-to-left page
+            shot(page, f"operator-ar-{bot}-{width}")
+            page.locator(".op-aside-close").click()  # it lies over its Details button: it closes itself
+            page.locator("#op-inspector").wait_for(state="hidden")
+            assert page.evaluate("document.activeElement.classList.contains('op-aside-toggle')")
+            if width < 600:
+                page.locator(".op-back").click()
+        assert errors == []

@@ -114,7 +114,7 @@ async def operator_page(request: Request, registry: Registry) -> HTMLResponse:
     # (the inbox, the head, the composer) are in the operator's language; a conversation's cards
     # are in its own bot's texts: `bots`, those of each bot that differ from the page's.
     page = _operator_texts(registry, request.app.state.default_bot, request)
-    return _with_texts(_operator_html(), page | {"bots": _bots_texts(registry, page, request)})
+    return _with_texts(_operator_html(), page | _bots_texts(registry, page, request))
 
 
 def _operator_texts(registry: Registry, default: str, request: Request) -> dict[str, object]:
@@ -133,15 +133,20 @@ def _operator_texts(registry: Registry, default: str, request: Request) -> dict[
 
 
 def _bots_texts(registry: Registry, page: dict[str, Any], request: Request) -> dict[str, Any]:
-    """Each served bot's page texts in the locale of it the browser asks for, only those that
-    differ from the page's; a bot whose texts are the page's is left out."""
+    """Each served bot's page texts in the locale of it the browser asks for: `bots`, only those
+    that differ from the page's (a bot whose texts are the page's is left out); `botLangs`, the
+    `lang` and `dir` of each bot whose locale is not the page's (its cards are written in it)."""
     found: dict[str, Any] = {}
+    langs: dict[str, Any] = {}
     for name, bot in registry.bots.items():
-        own = cast(dict[str, str], _texts_for(bot, request)["texts"])
-        differ = {key: text for key, text in own.items() if page["texts"].get(key) != text}
+        own = _texts_for(bot, request)
+        texts = cast(dict[str, str], own["texts"])
+        differ = {key: text for key, text in texts.items() if page["texts"].get(key) != text}
         if differ:
             found[name] = differ
-    return found
+        if own["lang"] != page["lang"]:
+            langs[name] = {"lang": own["lang"], "dir": own["dir"]}
+    return {"bots": found, "botLangs": langs}
 
 
 def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:

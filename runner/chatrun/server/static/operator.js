@@ -486,6 +486,8 @@
   /** The open items with their controls (an item only its user or a backend decides: shown, without). */
   function renderCards(data) {
     const box = el("div", "op-actions");
+    const own = (pageData.botLangs || {})[data.bot]; // the cards are in their bot's language, and its direction
+    if (own) { box.lang = own.lang; box.dir = own.dir; }
     for (const item of data.pending || []) {
       if (item.kind === "takeover") continue;
       const ours = (item.by || []).some((role) => role !== "user" && role !== "backend");
@@ -698,7 +700,17 @@
     box.id = "op-inspector";
     box.setAttribute("aria-label", "Inspector");
     box.dir = "ltr"; // English, left to right, as the chat page's inspector
-    box.appendChild(el("h3", "", "Inspector"));
+    const head = box.appendChild(el("div", "op-inspector-head"));
+    head.appendChild(el("h3", "", "Inspector"));
+    // Under 1100 px the inspector lies over the page, its Details button under it: it closes itself.
+    const close = head.appendChild(el("button", "btn op-aside-close", "×"));
+    close.type = "button";
+    close.setAttribute("aria-label", "Close the inspector");
+    close.addEventListener("click", () => {
+      $("detail").classList.remove("aside-open");
+      const toggle = document.querySelector(".op-aside-toggle");
+      if (toggle) toggle.focus({ preventScroll: true });
+    });
     box.appendChild(el("div", "small", "route stack: " + (data.stack || []).join(" › ")));
     const state = el("pre", "json");
     state.textContent = JSON.stringify(data.state, null, 2);
