@@ -92,8 +92,10 @@ def no_serious_violations(page: Any, what: str) -> None:
     assert not bad, f"{what}: axe-core found {bad}"
 
 
-def open_page(browser: Any, url: str, path: str, who: str, width: int, errors: list[str], dark: bool = False) -> Any:
-    context = browser.new_context(viewport={"width": width, "height": 860}, color_scheme="dark" if dark else "light")
+def open_page(browser: Any, url: str, path: str, who: str, width: int, errors: list[str], dark: bool = False,
+              locale: str = "en-US") -> Any:
+    context = browser.new_context(viewport={"width": width, "height": 860}, color_scheme="dark" if dark else "light",
+                                  locale=locale)
     context.add_init_script(NOTIFICATIONS)
     page = context.new_page()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -311,16 +313,17 @@ def german_server(fake, tmp_path):
 
 @pytest.mark.parametrize("width", [390, 1280])
 def test_the_operator_page_speaks_the_bots_locale(german_server, width):
-    """A German bot's operator page is German (definition/page_texts.py's `op_*` texts, the
-    catalog's `page.op_take_over` over the built-in one): the list, its chips, the conversation,
-    the composer and the cards of pending items."""
+    """A German bot's operator page, read by an operator whose browser asks for German, is German
+    (definition/page_texts.py's `op_*` texts, the catalog's `page.op_take_over` over the built-in
+    one): the list, its chips, the conversation, the composer and the cards of pending items. (The
+    page's own texts follow the operator's language: tests/test_browser_operator_bots.py.)"""
     url, errors = german_server, []
     with chromium() as browser:
         waiting_customer(url, "ben", "human please, the size is wrong")
         ana = "ana-1"
         post(url, "/bots/shop/sessions", "ana", {"id": ana})
         post(url, f"/bots/shop/sessions/{ana}/messages", "ana", {"userMessage": "refund A1 80"})
-        inbox = open_page(browser, url, "/operator", "sam", width, errors)
+        inbox = open_page(browser, url, "/operator", "sam", width, errors, locale="de-DE")
         inbox.wait_for_selector(".op-session", timeout=30_000)
         assert inbox.get_attribute("html", "lang") == "de"
         assert inbox.inner_text(".op-title [data-page-text]") == "Posteingang"

@@ -17,7 +17,8 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from chatrun.definition.page_texts import page_data
+from chatrun.definition.catalogs import Catalogs
+from chatrun.definition.page_texts import BUILTIN, page_data
 from chatrun.server.metrics import CONTENT_TYPE, MISSING
 from chatrun.server.plumbing import Caller, Registry
 
@@ -109,24 +110,43 @@ def _operator_html() -> str:
 
 async def operator_page(request: Request, registry: Registry) -> HTMLResponse:
     # The page itself is public like the chat page; what it shows comes from GET /pending,
-    # which needs the role `operators` (the page asks for a token when refused). Its texts are
-    # the chat page's mechanism: the served bot's catalogs (the default bot's), the browser's locale.
-    # A conversation's cards are in its own bot's texts: `bots`, those of the other bots that differ.
-    bot = request.app.state.default_bot
-    page = _texts_for(registry.bots.get(bot), request)
-    return _with_texts(_operator_html(), page | {"bots": _other_bots_texts(registry, bot, page, request)})
+    # which needs the role `operators` (the page asks for a token when refused). Its own texts
+    # (the inbox, the head, the composer) are in the operator's language; a conversation's cards
+    # are in its own bot's texts: `bots`, those of each bot that differ from the page's.
+    page = _operator_texts(registry, request.app.state.default_bot, request)
+    return _with_texts(_operator_html(), page | _bots_texts(registry, page, request))
 
 
-def _other_bots_texts(registry: Registry, default: str, page: dict[str, Any], request: Request) -> dict[str, Any]:
-    """Each other served bot's page texts in the locale of it the browser asks for, only those
-    that differ from the page's (the default bot's); a bot whose texts are the page's is left out."""
+def _operator_texts(registry: Registry, default: str, request: Request) -> dict[str, object]:
+    """The operator page's own texts, `lang` and `dir` in the operator's language: the one the
+    browser asks for (`?locale=`, else Accept-Language) among those the page has texts in (the
+    served bots' locales, the default bot's first, and chatrun's built-in ones); else the default
+    bot's default. A served bot that declares that locale lends its `page.*` texts (the default
+    bot's first). Not the default bot's locale only: an operator serves every bot's users."""
+    first = registry.bots.get(default)
+    bots = [bot for bot in (first, *registry.bots.values()) if bot is not None]
+    catalogs = [bot.config.catalogs for bot in bots if bot.config.catalogs is not None]
+    own = catalogs[0].locales if first is not None and first.config.catalogs is not None else ("en",)
+    offered = dict.fromkeys([*own, *(locale for c in catalogs for locale in c.locales), *BUILTIN])
+    locale = Catalogs(tuple(offered)).negotiate(_wanted(request))
+    return page_data(next((c for c in catalogs if locale in c.locales), None), locale)
+
+
+def _bots_texts(registry: Registry, page: dict[str, Any], request: Request) -> dict[str, Any]:
+    """Each served bot's page texts in the locale of it the browser asks for: `bots`, only those
+    that differ from the page's (a bot whose texts are the page's is left out); `botLangs`, the
+    `lang` and `dir` of each bot whose locale is not the page's (its cards are written in it)."""
     found: dict[str, Any] = {}
+    langs: dict[str, Any] = {}
     for name, bot in registry.bots.items():
-        own = cast(dict[str, str], _texts_for(bot, request)["texts"]) if name != default else {}
-        differ = {key: text for key, text in own.items() if page["texts"].get(key) != text}
+        own = _texts_for(bot, request)
+        texts = cast(dict[str, str], own["texts"])
+        differ = {key: text for key, text in texts.items() if page["texts"].get(key) != text}
         if differ:
             found[name] = differ
-    return found
+        if own["lang"] != page["lang"]:
+            langs[name] = {"lang": own["lang"], "dir": own["dir"]}
+    return {"bots": found, "botLangs": langs}
 
 
 def _page(name: str, bot: Any, request: Request, mode: str) -> HTMLResponse:
@@ -143,8 +163,12 @@ def _texts_for(bot: Any, request: Request) -> dict[str, object]:
     """The page's texts, `lang` and `dir` in the bot's locale the browser asks for (`?locale=`,
     else its Accept-Language; else the bot's default)."""
     catalogs = bot.config.catalogs if bot is not None else None
-    wanted = request.query_params.get("locale") or request.headers.get("accept-language")
-    return page_data(catalogs, catalogs.negotiate(wanted) if catalogs is not None else None)
+    return page_data(catalogs, catalogs.negotiate(_wanted(request)) if catalogs is not None else None)
+
+
+def _wanted(request: Request) -> str | None:
+    """The language the browser asks for: `?locale=`, else its Accept-Language."""
+    return request.query_params.get("locale") or request.headers.get("accept-language")
 
 
 def _with_texts(text: str, page: dict[str, object]) -> HTMLResponse:

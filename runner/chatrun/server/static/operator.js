@@ -5,11 +5,12 @@
  * "(3) Inbox" counts the conversations nobody has taken; browser notifications (asked on a
  * click) and a sound (opt-in) tell of new activity. One conversation: its history, its open
  * items as cards, typing both ways, and the composer at the bottom with the bot's canned
- * replies (`canned:`). Dates and numbers use Intl in the session's locale. Needs a token with
- * the role `operators` (?token=… once, kept for the tab). Its own texts come with the page in the
- * default bot's locale (definition/page_texts.py, the `op_*` keys; a catalog's `page.<key>` overrides
- * them), as the chat page's do; a conversation's cards are in its own bot's texts (`botTexts`); the
- * inspector's labels stay English, as on the chat page. */
+ * replies (`canned:`). The history's time stamps use Intl in the session's locale; the times and
+ * counts in the page's own sentences, in the page's. Needs a token with the role `operators`
+ * (?token=… once, kept for the tab). Its own texts come with the page in the operator's language
+ * (site.py `_operator_texts`; definition/page_texts.py, the `op_*` keys; a catalog's `page.<key>`
+ * overrides them); a conversation's cards are in its own bot's texts (`botTexts`); the inspector's
+ * labels stay English, as on the chat page. */
 (function () {
   "use strict";
 
@@ -49,7 +50,7 @@
   }
 
   /** The texts of a conversation of `bot`: its own bot's where they differ from the page's (the
-   * default bot's, site.py `_other_bots_texts`): its cards and decisions read as that bot words them. */
+   * operator's language, site.py `_bots_texts`): its cards and decisions read as that bot words them. */
   function botTexts(bot) {
     return Object.assign({}, pageData.texts, (pageData.bots || {})[bot] || {});
   }
@@ -450,7 +451,7 @@
     const name = title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
     name.id = "op-detail-title";
     name.tabIndex = -1; // focused when the conversation opens, so the keyboard and a screen reader start there
-    title.appendChild(el("div", "op-sub", [data.bot, data.id, tx("op_on_route", { route: data.route }), turns(data.turn, data.locale)]
+    title.appendChild(el("div", "op-sub", [data.bot, data.id, tx("op_on_route", { route: data.route }), turns(data.turn)]
       .concat(data.locale ? [data.locale] : []).join(" · ")));
     head.appendChild(title);
     const actions = el("div", "op-head-actions");
@@ -477,14 +478,16 @@
   }
 
   /** "3 turns", by the plural rule of the page's language (`op_turns_one`, `op_turns_other`). */
-  function turns(n, locale) {
+  function turns(n) {
     const form = new Intl.PluralRules(pageData.lang).select(n) === "one" ? "op_turns_one" : "op_turns_other";
-    return tx(form, { n: new Intl.NumberFormat(locale || undefined).format(n) });
+    return tx(form, { n: new Intl.NumberFormat(pageData.lang).format(n) });
   }
 
   /** The open items with their controls (an item only its user or a backend decides: shown, without). */
   function renderCards(data) {
     const box = el("div", "op-actions");
+    const own = (pageData.botLangs || {})[data.bot]; // the cards are in their bot's language, and its direction
+    if (own) { box.lang = own.lang; box.dir = own.dir; }
     for (const item of data.pending || []) {
       if (item.kind === "takeover") continue;
       const ours = (item.by || []).some((role) => role !== "user" && role !== "backend");
@@ -501,7 +504,7 @@
     problem.setAttribute("role", "alert");
     if (data.heldByAnother) { // another operator holds it: the server refuses our actions (409 HeldByAnother)
       const held = el("div", "op-with", tx("op_held_by", { name: data.heldByAnother,
-        ago: ago(Date.parse(data.taken_over.since), data.locale) }));
+        ago: ago(Date.parse(data.taken_over.since), pageData.lang) }));
       held.id = "held-by";
       box.appendChild(held);
       box.appendChild(forceButton(data.heldByAnother)); // unless they went home without releasing it
@@ -522,7 +525,7 @@
       return box;
     }
     const since = Date.parse(data.taken_over.since);
-    box.appendChild(el("div", "op-with", tx("op_you_have", { ago: ago(since, data.locale) })));
+    box.appendChild(el("div", "op-with", tx("op_you_have", { ago: ago(since, pageData.lang) })));
     const say = el("form", "op-say");
     say.id = "operator-say";
     const input = el("textarea");
@@ -620,6 +623,8 @@
       return false;
     }
     await refreshSession();
+    // Taken over: the focus in the message box, where the operator goes next (the button is gone).
+    if (path === "/takeover" && $("operator-input")) $("operator-input").focus();
     refreshList();
     return true;
   }
@@ -695,7 +700,17 @@
     box.id = "op-inspector";
     box.setAttribute("aria-label", "Inspector");
     box.dir = "ltr"; // English, left to right, as the chat page's inspector
-    box.appendChild(el("h3", "", "Inspector"));
+    const head = box.appendChild(el("div", "op-inspector-head"));
+    head.appendChild(el("h3", "", "Inspector"));
+    // Under 1100 px the inspector lies over the page, its Details button under it: it closes itself.
+    const close = head.appendChild(el("button", "btn op-aside-close", "×"));
+    close.type = "button";
+    close.setAttribute("aria-label", "Close the inspector");
+    close.addEventListener("click", () => {
+      $("detail").classList.remove("aside-open");
+      const toggle = document.querySelector(".op-aside-toggle");
+      if (toggle) toggle.focus({ preventScroll: true });
+    });
     box.appendChild(el("div", "small", "route stack: " + (data.stack || []).join(" › ")));
     const state = el("pre", "json");
     state.textContent = JSON.stringify(data.state, null, 2);

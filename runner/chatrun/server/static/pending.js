@@ -35,6 +35,7 @@
     waiting_operator: "Waiting for an operator…",
     approved: "Approved", edited: "Approved with changes", rejected: "Rejected", timed_out: "Timed out",
     answered: "Answered", released: "Released", taken: "Taken over", by: "by {name}",
+    held_note: "applies when the conversation is released",
     yes: "Yes", no: "No",
     change_arg: "Change {name}", reason_optional: "Reason (optional; the bot is told)",
   };
@@ -197,7 +198,10 @@
     status.setAttribute("role", "status");
     const problem = el("div", "pending-problem");
     problem.setAttribute("role", "alert");
-    if (opts.canDecide && item.kind !== "takeover") {
+    if (item.held) { // decided while an operator holds the conversation: applies on release
+      node.dataset.state = "held";
+      status.textContent = heldText(item.held);
+    } else if (opts.canDecide && item.kind !== "takeover") {
       node.appendChild(controls(item, opts, problem));
     } else {
       status.textContent = TEXTS[WAITING[item.kind] || "waiting_answer"];
@@ -205,6 +209,13 @@
     node.appendChild(problem);
     node.appendChild(status);
     return node;
+  }
+
+  /** "Approved by ops: applies when the conversation is released" (an item's `held`: {kind, by, at}). */
+  function heldText(held) {
+    const outcome = { approve: "approved", reject: "rejected", answer: "answered", timeout: "timed_out" }[held.kind] || held.kind;
+    const by = held.by ? " " + TEXTS.by.split("{name}").join(holder(held)) : "";
+    return (TEXTS[outcome] || humanize(String(outcome))) + by + ": " + TEXTS.held_note;
   }
 
   function controls(item, opts, problem) {
