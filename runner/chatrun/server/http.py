@@ -62,6 +62,7 @@ from chatrun.server.plumbing import (
     read_limited,
     registry_of,
     served_directly,
+    wanted_locale,
 )
 from chatrun.server.sessions import EXISTING, NEW, OWNER_ONLY, STORE_OK, Reach, SessionRegistry
 from chatrun.server.turn_run import TurnRun, request_asks
@@ -144,7 +145,7 @@ async def _health_body(registry: Registry) -> dict[str, Any]:
 
 
 async def list_bots(request: Request, who: Caller, registry: Registry) -> list[dict[str, Any]]:
-    wanted = _wanted_locale(request)
+    wanted = wanted_locale(request)
     return [_bot_summary(b, _negotiated(b, wanted)) for b in registry.bots.values()]
 
 
@@ -153,13 +154,9 @@ async def read_bot(bot: str, request: Request, who: Caller, registry: Registry) 
     asked for (`?locale=`, else Accept-Language; docs/i18n.md), as the page shows them before
     its session exists."""
     found = registry.bot(bot)
-    locale = _negotiated(found, _wanted_locale(request))
+    locale = _negotiated(found, wanted_locale(request))
     versions = [v.to_dict() for v in registry.shelf.bots[found.name].versions]
     return _bot_summary(found, locale) | {"graph": graph_data(found, locale), "versions": versions, "locale": locale}
-
-
-def _wanted_locale(request: Request) -> str | None:
-    return request.query_params.get("locale") or request.headers.get("accept-language")
 
 
 def _negotiated(bot: Any, wanted: str | None) -> str | None:

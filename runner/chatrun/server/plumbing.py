@@ -176,6 +176,11 @@ async def _caller_or_item_token(connection: HTTPConnection) -> tuple[Principal |
 CallerOrToken = Annotated[tuple[Principal | None, str | None], Depends(_caller_or_item_token)]
 
 
+def wanted_locale(connection: HTTPConnection) -> str | None:
+    """The language a browser or client asks for: `?locale=`, else its Accept-Language."""
+    return connection.query_params.get("locale") or connection.headers.get("accept-language")
+
+
 def registry_of(connection: HTTPConnection) -> SessionRegistry:
     registry: SessionRegistry = connection.app.state.registry
     return registry

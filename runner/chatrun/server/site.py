@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from chatrun.definition.catalogs import Catalogs
 from chatrun.definition.page_texts import BUILTIN, page_data
 from chatrun.server.metrics import CONTENT_TYPE, MISSING
-from chatrun.server.plumbing import Caller, Registry
+from chatrun.server.plumbing import Caller, Registry, wanted_locale
 
 STATIC = Path(__file__).parent / "static"
 # The site's pages may be framed by its own pages only: a foreign site framing the chat, the
@@ -128,7 +128,7 @@ def _operator_texts(registry: Registry, default: str, request: Request) -> dict[
     catalogs = [bot.config.catalogs for bot in bots if bot.config.catalogs is not None]
     own = catalogs[0].locales if first is not None and first.config.catalogs is not None else ("en",)
     offered = dict.fromkeys([*own, *(locale for c in catalogs for locale in c.locales), *BUILTIN])
-    locale = Catalogs(tuple(offered)).negotiate(_wanted(request))
+    locale = Catalogs(tuple(offered)).negotiate(wanted_locale(request))
     return page_data(next((c for c in catalogs if locale in c.locales), None), locale)
 
 
@@ -163,12 +163,7 @@ def _texts_for(bot: Any, request: Request) -> dict[str, object]:
     """The page's texts, `lang` and `dir` in the bot's locale the browser asks for (`?locale=`,
     else its Accept-Language; else the bot's default)."""
     catalogs = bot.config.catalogs if bot is not None else None
-    return page_data(catalogs, catalogs.negotiate(_wanted(request)) if catalogs is not None else None)
-
-
-def _wanted(request: Request) -> str | None:
-    """The language the browser asks for: `?locale=`, else its Accept-Language."""
-    return request.query_params.get("locale") or request.headers.get("accept-language")
+    return page_data(catalogs, catalogs.negotiate(wanted_locale(request)) if catalogs is not None else None)
 
 
 def _with_texts(text: str, page: dict[str, object]) -> HTMLResponse:

@@ -30,8 +30,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from chatrun.definition.config import WIDGET_LOGO_TYPES, WidgetConfig
 from chatrun.definition.page_texts import page_texts
-from chatrun.server.plumbing import Registry
-from chatrun.server.site import STATIC, _page, _wanted
+from chatrun.server.plumbing import Registry, wanted_locale
+from chatrun.server.site import STATIC, _page
 from chatrun.server.widget_identity import SIGNED_PREFIX, IdentityRefused, widget_principal
 
 log = logging.getLogger("chatrun.widget")
@@ -95,7 +95,7 @@ async def widget_config(bot: str, request: Request, registry: Registry) -> JSONR
 def _launcher_texts(bot: Any, request: Request) -> dict[str, str]:
     """The launcher's words in the visitor's language (the page's texts; a bot's `page.widget_*` replace them)."""
     catalogs = bot.config.catalogs
-    texts = page_texts(catalogs, catalogs.negotiate(_wanted(request)) if catalogs is not None else None)
+    texts = page_texts(catalogs, catalogs.negotiate(wanted_locale(request)) if catalogs is not None else None)
     return {key: texts[f"widget_{key}"] for key in ("open", "close", "unread")}
 
 
