@@ -458,15 +458,23 @@ class OutputHold:
 
     async def chunk(self, text: str) -> bool:
         """A streamed chunk, held. Whether the reply has begun to reach the user (models/base.py
-        ChunkCallback): never while the whole reply is held, so a model that fails mid-stream may
-        be retried, or a fallback asked, and only that answer's text is checked and sent (`final`);
-        always by the sentence, where what is held may be the start of a sentence already begun."""
+        ChunkCallback): never while the whole reply is held, and by the sentence only once a checked
+        sentence went out, so a model that fails before may be retried, or a fallback asked, and only
+        that answer's text is checked and sent (`begin_again` drops what the failed one streamed)."""
         self.raw += text
         if not self.by_sentence:
             return False
         if self.stopped is None:
             await self.release()
-        return True
+        return bool(self.released)
+
+    __call__ = chunk  # the ChunkCallback the turn gives its model
+
+    def begin_again(self) -> None:
+        """A new attempt at the answer (a retry, the next fallback) after one none of which reached
+        the user: what that one streamed, and a sentence of it a guard stopped, count no more."""
+        if not self.released:
+            self.raw, self.consumed, self.stopped = "", 0, None
 
     async def release(self) -> None:
         """The whole sentences held, checked and sent (runs of `window` characters at least)."""

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
+from chatrun.models.base import ChatModel, ModelRequest, ModelResponse, relaying
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | 
         return await on_chunk(chunk)
 
     try:
-        response = await model.complete(request, timed_chunk if on_chunk is not None else None)
+        response = await model.complete(request, relaying(timed_chunk, on_chunk) if on_chunk is not None else None)
     except BaseException as exc:
         observer.model_call(ModelCallMeasure(provider, name, route, time.perf_counter() - started,
                                              first[0] if first else None, type(exc).__name__))
