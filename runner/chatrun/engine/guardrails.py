@@ -35,6 +35,7 @@ from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER, USER_ROLE, Answer
 from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
+    Attachment,
     Message,
     SummaryMessage,
     SystemMessage,
@@ -205,6 +206,27 @@ def judge(guards: Iterable[GuardrailConfig], stage: str, text: str) -> Verdict:
     return verdict
 
 
+def renamed(attachments: tuple[Attachment, ...], names: list[str]) -> tuple[Attachment, ...]:
+    """`attachments` with the names an input guard redacted (what a model reads of each file)."""
+    return tuple(a if a.name == name else replace(a, name=name) for a, name in zip(attachments, names, strict=True))
+
+
+def judged_message(guards: tuple[GuardrailConfig, ...], message: UserMessage) -> tuple[UserMessage, bool]:
+    """A user message judged by the local input `guards`, its text and its files' names, as a turn
+    judges its own (`Guardrails.check_input`): redacted, and whether a guard stopped it."""
+    verdict = judge(guards, "input", message.content)
+    names = []
+    for attachment in message.attachments:
+        if verdict.stopped_by is not None:
+            break
+        name = judge(guards, "input", attachment.name)
+        verdict.stopped_by = name.stopped_by
+        names.append(name.text)
+    if verdict.stopped_by is not None:
+        return message, True
+    return UserMessage(verdict.text, renamed(message.attachments, names)), False
+
+
 def stage_guards(guards: Iterable[GuardrailConfig], stage: str) -> tuple[GuardrailConfig, ...]:
     return tuple(g for g in guards if stage in g.stages)
 
@@ -338,8 +360,12 @@ class Guardrails:
             verdict = await self.screen("input", self.t.user_message, guards)
             self.report(verdict, "input")
             self.t.user_message, stopped = verdict.text, verdict.stopped_by
-        if stopped is None and self.t.data:
-            self.t.data, stopped = await self.data_verdict(guards, self.t.data)
+        if stopped is None and (self.t.data or self.t.attachments):
+            # The names of the files sent are text a model reads (`[attached: NAME ...]`, a PDF's
+            # filename): judged with the data's texts, one moderation round trip for both.
+            (self.t.data, names), stopped = await self.data_verdict(
+                guards, [self.t.data, [a.name for a in self.t.attachments]])
+            self.t.attachments = renamed(self.t.attachments, names)
         return self.stop_input(stopped)
 
     async def check_answer(self, guards: tuple[GuardrailConfig, ...]) -> bool:
@@ -567,7 +593,7 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
     """A memory's message as the store keeps it: its texts (its calls' arguments, a running
     summary) redacted."""
     if isinstance(message, UserMessage):
-        return UserMessage(redact(message.content), message.attachments)
+        return UserMessage(redact(message.content), renamed(message.attachments, [redact(a.name) for a in message.attachments]))
     if isinstance(message, AssistantMessage):
         calls = tuple(ToolCall(c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
         return AssistantMessage(redact(message.content) if message.content else message.content, calls)

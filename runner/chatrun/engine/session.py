@@ -1261,19 +1261,18 @@ def _reference_problem(item: dict[str, Any]) -> str | None:
 
 def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
     """A conversation begun elsewhere as a route's memory keeps it: a user message a local `input`
-    guard stops (`block`, `operator`) left out with the answers it got, as a live turn's memory
-    leaves a stopped message out (no model reads it); the others redacted by the redacting ones (a
-    model reads them next); then every message by the `storage` guards (the store keeps them).
+    guard stops (`block`, `operator`), by its text or a file's name, left out with the answers it
+    got, as a live turn's memory leaves a stopped message out (no model reads it); the others
+    redacted by the redacting ones (a model reads them next); then every message by the `storage`
+    guards (the store keeps them).
     Not `languages` (its model loads off the event loop, in the turn) nor `moderation` (a round
     trip): this is synchronous, and they judge the request's own message."""
     local = tuple(g for g in guardrails.stage_guards(config.route_guardrails(route), "input") if g.kind != "language")
     seeded: list[Message] = []
     stopped = False
     for m in messages:
-        if isinstance(m, UserMessage) and m.content and local:
-            verdict = guardrails.judge(local, "input", m.content)
-            stopped = verdict.stopped_by is not None
-            m = UserMessage(verdict.text, m.attachments)
+        if isinstance(m, UserMessage) and local:
+            m, stopped = guardrails.judged_message(local, m)
         if not stopped:
             seeded.append(m)
     stored = guardrails.bot_storage_guards(config, [route])
