@@ -99,7 +99,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry")
+                 "remembered", "unknown", "retry", "unscreened")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -130,6 +130,9 @@ class Conversation:
         self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
+        # The user's texts a conversation begun elsewhere was just seeded with (Session.seed_memory),
+        # which its next turn's `languages` and `moderation` input guards judge (engine/guardrails.py).
+        self.unscreened: tuple[str, ...] = ()
         # Open items, oldest first (engine/pending.py), and the last resolved items' outcomes by
         # id (NotPending says it). Most sessions never have any: both start as shared empties (an
         # empty tuple, a read-only empty mapping) and are replaced, never changed in place, so an

@@ -227,6 +227,34 @@ def judged_message(guards: tuple[GuardrailConfig, ...], message: UserMessage) ->
     return UserMessage(verdict.text, renamed(message.attachments, names)), False
 
 
+WHOLE_TEXT = ("language", "moderation")  # the kinds a seeded conversation's turn judges (`check_seeded`)
+
+
+def unscreened(guards: Iterable[GuardrailConfig], seeded: list[Message]) -> tuple[str, ...]:
+    """The user's texts of a seeded conversation that `languages` and `moderation` input guards
+    are yet to judge (none when the route has no such guard)."""
+    if not any(g.kind in WHOLE_TEXT for g in stage_guards(guards, "input")):
+        return ()
+    return tuple(m.content for m in seeded if isinstance(m, UserMessage) and m.content)
+
+
+def left_out(messages: list[Message], judged: dict[str, str | None]) -> list[Message]:
+    """`messages` with each user message `judged` maps to None left out with the answers it got,
+    and each one it maps to a text given that text."""
+    kept: list[Message] = []
+    stopped = False
+    for m in messages:
+        if isinstance(m, UserMessage) and m.content in judged:
+            text = judged[m.content]
+            stopped = text is None
+            m = m if text is None or text == m.content else UserMessage(text, m.attachments)
+        elif isinstance(m, UserMessage):
+            stopped = False
+        if not stopped:
+            kept.append(m)
+    return kept
+
+
 def stage_guards(guards: Iterable[GuardrailConfig], stage: str) -> tuple[GuardrailConfig, ...]:
     return tuple(g for g in guards if stage in g.stages)
 
@@ -353,6 +381,8 @@ class Guardrails:
         guards = self.on("input")
         if not guards:
             return False
+        if self.t.c.unscreened:
+            await self.check_seeded(guards)
         if self.t.decision is not None:
             return await self.check_answer(guards)
         stopped = None
@@ -367,6 +397,23 @@ class Guardrails:
                 guards, [self.t.data, [a.name for a in self.t.attachments]])
             self.t.attachments = renamed(self.t.attachments, names)
         return self.stop_input(stopped)
+
+    async def check_seeded(self, guards: tuple[GuardrailConfig, ...]) -> None:
+        """The user's messages of a conversation just seeded (`Session.seed_memory`, the earlier
+        messages a `/v1` client resends) judged by the `languages` and `moderation` guards, which
+        the synchronous seeding could not run, before any model reads them: one they stop is taken
+        out of the memory with the answers it got, as the local guards left theirs out."""
+        texts, self.t.c.unscreened = self.t.c.unscreened, ()
+        whole = tuple(g for g in guards if g.kind in WHOLE_TEXT)
+        judged: dict[str, str | None] = {}
+        for text in dict.fromkeys(texts):
+            verdict = await self.screen("input", text, whole)
+            self.report(verdict, "input")
+            if verdict.stopped_by is not None or verdict.text != text:
+                judged[text] = None if verdict.stopped_by is not None else verdict.text
+        if judged:
+            memory = self.t.c.memory_for(self.t.c.scope, self.t.c.scope.route)
+            memory.set(left_out(memory.messages(), judged))
 
     async def check_answer(self, guards: tuple[GuardrailConfig, ...]) -> bool:
         """A user's answer to a question the user is asked (an `Answer`: the web page's card, the

@@ -477,6 +477,7 @@ class Session:
             return 0
         if self.bot.config.guarded:  # the earlier messages are the user's too: no model or store reads what a guard redacts
             messages = _seeded(self.bot.config, scope.route, messages)
+            self._c.unscreened = guardrails.unscreened(self.bot.config.route_guardrails(scope.route), messages)
         for message in messages:
             memory.add(message)
         self.store.commit_turn(self.id, self._c.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
@@ -1265,8 +1266,8 @@ def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
     got, as a live turn's memory leaves a stopped message out (no model reads it); the others
     redacted by the redacting ones (a model reads them next); then every message by the `storage`
     guards (the store keeps them).
-    Not `languages` (its model loads off the event loop, in the turn) nor `moderation` (a round
-    trip): this is synchronous, and they judge the request's own message."""
+    `languages` (its model loads off the event loop) and `moderation` (a round trip) judge them in
+    the next turn, before its model call (`Guardrails.check_seeded`): this is synchronous."""
     local = tuple(g for g in guardrails.stage_guards(config.route_guardrails(route), "input") if g.kind != "language")
     seeded: list[Message] = []
     stopped = False
