@@ -171,6 +171,17 @@ def test_a_seeded_message_moderation_flags_never_reaches_the_model(fake, write_b
     assert "idiot" not in json.dumps(fake.requests[-1])  # the memory no longer holds it
 
 
+def test_a_seeded_message_is_judged_again_after_a_failed_turn(fake, write_bot):
+    """A turn that fails is undone: its memory is the seeded one again, so the next turn judges it."""
+    fake.flag_word("idiot", "harassment", 0.97)
+    fake.queue({"status": 400}, {"chunks": ["Fine."]})
+    s = moderated_bot(write_bot).session()
+    s.seed_memory(seeded_conversation("you idiot"))
+    assert [e.type for e in s.chat("so?")][-1] == "Error"
+    s.chat("so?")
+    assert "idiot" not in json.dumps(fake.requests) and len(fake.requests) == 2
+
+
 def test_a_seeded_message_in_another_language_is_left_out(write_bot):
     from chatrun.models.scripted import ScriptedModel
 

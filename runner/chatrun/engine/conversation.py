@@ -92,6 +92,7 @@ class Checkpoint:
     outcome: dict[str, Any] | None = None  # the recorded outcome or the armed silence (never changed in place)
     user_memory: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
     remembered: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
+    unscreened: tuple[str, ...] = ()  # a failed turn's memory is the seeded one again: judged by the next
 
 
 class Conversation:
@@ -490,7 +491,7 @@ class Conversation:
                           [item.to_dict() for item in self.pending], self.next_pending,
                           copy.deepcopy(self.taken_over) if self.taken_over else self.taken_over,
                           dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
-                          self.outcome, self.user_memory, self.remembered)
+                          self.outcome, self.user_memory, self.remembered, self.unscreened)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -507,6 +508,7 @@ class Conversation:
         self.follow_up = before.follow_up
         self.outcome = before.outcome
         self.user_memory, self.remembered = before.user_memory, before.remembered
+        self.unscreened = before.unscreened
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories = ()
