@@ -82,6 +82,30 @@ def test_a_sentence_released_before_the_failure_stands_and_no_fallback_repeats_i
     assert events[-1].type == "Error" and [r["model"] for r in fake.requests] == ["gpt-4o-mini"]
 
 
+SENTENCE_PRIMARY = {"chunks": ["Zorblax says", " half a sen"], "disconnect": True}  # no whole sentence
+
+
+@pytest.mark.parametrize("door", ["http-sse", "v1-chat-stream-history"])
+@pytest.mark.parametrize("retries", [0, 1])  # asked of the fallback; retried on its own model first
+def test_a_served_model_failing_before_its_first_sentence_is_retried_or_falls_back(tmp_path, door, retries):
+    """Through the server (its metrics time each model call: one more layer between model and
+    hold), `release: sentence`: the retry or the fallback answers, and the door never reads the
+    failed part."""
+    bot = BOT.replace("max_retries: 0", f"max_retries: {retries}").replace("message:", "release: sentence, message:")
+    (tmp_path / "bot.yaml").write_text(bot)
+    tries = iter([SENTENCE_PRIMARY])  # fails once: retried, the primary answers; else the fallback
+    with FakeOpenAI(responder=lambda body: next(tries, {"chunks": ["The answer. ", "Whole."]})) as fake, \
+            pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_BASE_URL", fake.base_url)
+        env.setenv("OPENAI_API_KEY", "test-key")
+        app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        with ThreadServer(app) as srv:
+            seen = DOORS[door](srv).talk(["hello"])
+        assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o-mini" if retries else "gpt-4o"]
+    assert [turn.text for turn in seen] == ["The answer. Whole."]
+    assert "zorblax" not in seen[0].received.lower()
+
+
 def sentence_events(tmp_path, monkeypatch, bot: str, *answers: dict[str, Any]) -> tuple[list[Any], list[str]]:
     """One turn of `bot` released by the sentence, the fake answering `answers` in order: its
     events, and the models asked."""

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatrun.models.base import ChatModel, ModelRequest, ModelResponse, relaying
+from chatrun.models.base import ChatModel, ModelRequest, ModelResponse
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,12 @@ async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | 
         assert on_chunk is not None
         return await on_chunk(chunk)
 
+    # As models/base.py `relaying` does, inline: a served message's walk enters no function of that module.
+    again = getattr(on_chunk, "begin_again", None)
+    if again is not None:
+        timed_chunk.begin_again = again  # type: ignore[attr-defined]
     try:
-        response = await model.complete(request, relaying(timed_chunk, on_chunk) if on_chunk is not None else None)
+        response = await model.complete(request, timed_chunk if on_chunk is not None else None)
     except BaseException as exc:
         observer.model_call(ModelCallMeasure(provider, name, route, time.perf_counter() - started,
                                              first[0] if first else None, type(exc).__name__))
