@@ -122,6 +122,21 @@ def test_a_telegram_photo_with_a_caption_reaches_the_model_as_an_image(client, a
     assert any((tmp_path / "s.db.blobs").rglob("*"))
 
 
+def test_a_telegram_document_named_with_a_card_number_meets_the_input_guardrail(tmp_path, fake, apis, monkeypatch):
+    """A file's name is text the model reads (a PDF's filename): the route's `input` guards judge
+    it on a channel as on every door (tests/test_guardrails_attachments.py)."""
+    telegram = apis[0]
+    telegram.files["doc-1"] = b"%PDF-1.4\n%%EOF\n"
+    bot = BOT.replace("routes:", "guardrails:\n  - {name: cards, pii: [card], stages: [input], outcome: block, "
+                      "message: 'No card numbers, please.'}\nroutes:")
+    update = telegram_file(1, "doc-1", kind="document")
+    update["message"]["document"]["file_name"] = "card 4111 1111 1111 1111.pdf"
+    with serve(tmp_path, fake, apis, monkeypatch, bot) as client:
+        assert to_telegram(client, update).status_code == 200
+        wait_until(lambda: telegram_texts(telegram), what="the guardrail's message")
+    assert telegram_texts(telegram) == ["No card numbers, please."] and fake.requests == []
+
+
 def test_a_telegram_document_of_a_kind_the_route_does_not_take_is_told_and_runs_nothing(client, apis, fake):
     telegram = apis[0]
     telegram.files["doc-1"] = b"a,b\n1,2\n"

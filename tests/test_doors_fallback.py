@@ -82,6 +82,67 @@ def test_a_sentence_released_before_the_failure_stands_and_no_fallback_repeats_i
     assert events[-1].type == "Error" and [r["model"] for r in fake.requests] == ["gpt-4o-mini"]
 
 
+SENTENCE_PRIMARY = {"chunks": ["Zorblax says", " half a sen"], "disconnect": True}  # no whole sentence
+
+
+@pytest.mark.parametrize("door", ["http-sse", "v1-chat-stream-history"])
+@pytest.mark.parametrize("retries", [0, 1])  # asked of the fallback; retried on its own model first
+def test_a_served_model_failing_before_its_first_sentence_is_retried_or_falls_back(tmp_path, door, retries):
+    """Through the server (its metrics time each model call: one more layer between model and
+    hold), `release: sentence`: the retry or the fallback answers, and the door never reads the
+    failed part."""
+    bot = BOT.replace("max_retries: 0", f"max_retries: {retries}").replace("message:", "release: sentence, message:")
+    (tmp_path / "bot.yaml").write_text(bot)
+    tries = iter([SENTENCE_PRIMARY])  # fails once: retried, the primary answers; else the fallback
+    with FakeOpenAI(responder=lambda body: next(tries, {"chunks": ["The answer. ", "Whole."]})) as fake, \
+            pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_BASE_URL", fake.base_url)
+        env.setenv("OPENAI_API_KEY", "test-key")
+        app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        with ThreadServer(app) as srv:
+            seen = DOORS[door](srv).talk(["hello"])
+        assert [r["model"] for r in fake.requests] == ["gpt-4o-mini", "gpt-4o-mini" if retries else "gpt-4o"]
+    assert [turn.text for turn in seen] == ["The answer. Whole."]
+    assert "zorblax" not in seen[0].received.lower()
+
+
+def sentence_events(tmp_path, monkeypatch, bot: str, *answers: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    """One turn of `bot` released by the sentence, the fake answering `answers` in order: its
+    events, and the models asked."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        (tmp_path / "bot.yaml").write_text(bot.replace("message:", "release: sentence, message:"))
+        fake.queue(*answers)
+
+        async def run() -> list[Any]:
+            return [e async for e in chatrun.load_bot(tmp_path / "bot.yaml").session().stream("hello")]
+        return asyncio.run(run()), [r["model"] for r in fake.requests]
+
+
+@pytest.mark.parametrize("route", ["main", "multi"])  # with tools (calls written as text: one more hold), without
+def test_a_model_failing_before_its_first_sentence_was_released_falls_back(tmp_path, monkeypatch, route):
+    """`release: sentence`: while no checked sentence went out, nothing of the reply reached the
+    user, so the fallback answers; and what the failed model streamed (no whole sentence) is
+    never joined to the fallback's first sentence."""
+    bot = BOT.replace("default: true, ", "") .replace(f"{route}: {{", f"{route}: {{default: true, ")
+    events, asked = sentence_events(tmp_path, monkeypatch, bot, {"chunks": ["Zorblax says", " half a sen"], "disconnect": True},
+                                    {"chunks": ["The fallback answers. ", "Whole."]})
+    assert asked == ["gpt-4o-mini", "gpt-4o"]
+    streamed = "".join(e.data for e in events if e.type == "Stream")
+    assert "Zorblax" not in streamed and streamed.startswith("The fallback answers.")
+    assert [e.data for e in events if e.type == "Message"] == ["The fallback answers. Whole."]
+
+
+def test_a_dropped_stream_before_its_first_sentence_is_retried_on_its_own_model(tmp_path, monkeypatch):
+    events, asked = sentence_events(tmp_path, monkeypatch, BOT.replace("max_retries: 0", "max_retries: 1"),
+                                    {"chunks": ["Zorblax says", " half a sen"], "disconnect": True},
+                                    {"chunks": ["The retry answers. ", "Whole."]})
+    assert asked == ["gpt-4o-mini", "gpt-4o-mini"]
+    assert "Zorblax" not in "".join(e.data for e in events if e.type == "Stream")
+    assert [e.data for e in events if e.type == "Message"] == ["The retry answers. Whole."]
+
+
 def test_a_dropped_stream_behind_a_held_reply_is_retried_on_its_own_model(tmp_path, monkeypatch, caplog):
     """`max_retries` works behind the hold too (the model's own retry, before any fallback), on a
     route with tools: the retry's answer is the reply, whole, and nothing is said of a mismatch."""

@@ -144,6 +144,55 @@ def test_an_input_in_another_language_is_refused_in_the_sessions_locale(write_bo
     assert user_events(events) == [("Message", "Entschuldigung, ich kann nur in diesen Sprachen helfen: English.")]
 
 
+def seeded_conversation(said: str) -> list:
+    from chatrun.messages import AssistantMessage, UserMessage
+
+    return [UserMessage("hello there"), AssistantMessage("Hi, how can I help?"),
+            UserMessage(said), AssistantMessage("Zorblax."), UserMessage("thanks")]
+
+
+def test_a_seeded_message_moderation_flags_never_reaches_the_model(fake, write_bot, tmp_path):
+    """A conversation begun elsewhere (`Session.seed_memory`, what `/v1` seeds a session with from
+    the earlier messages a client resends: tests/test_guardrails_server.py) is judged by the
+    `moderation` guard before the next turn's model call: a flagged message is left out with the
+    answer it got, as a turn's own flagged message is stopped."""
+    fake.flag_word("idiot", "harassment", 0.97)
+    fake.queue({"chunks": ["Fine."]})
+    s = moderated_bot(write_bot).session(store=chatrun.SQLiteStore(tmp_path / "s.db"))
+    s.seed_memory(seeded_conversation("you idiot"))
+    assert fake.moderation_requests == []  # the seeding is synchronous: the turn asks
+    events = s.chat("so?")
+    sent = json.dumps(fake.requests)
+    assert "idiot" not in sent and "Zorblax" not in sent and "hello there" in sent and "thanks" in sent
+    assert [g["outcome"] for g in guardrail_events(events) if g["kind"] == "moderation"] == ["block"]
+    assert moderated_inputs(fake)[:4] == ["hello there", "you idiot", "thanks", "so?"]
+    fake.queue({"chunks": ["Again."]})
+    s.chat("again")
+    assert "idiot" not in json.dumps(fake.requests[-1])  # the memory no longer holds it
+
+
+def test_a_seeded_message_is_judged_again_after_a_failed_turn(fake, write_bot):
+    """A turn that fails is undone: its memory is the seeded one again, so the next turn judges it."""
+    fake.flag_word("idiot", "harassment", 0.97)
+    fake.queue({"status": 400}, {"chunks": ["Fine."]})
+    s = moderated_bot(write_bot).session()
+    s.seed_memory(seeded_conversation("you idiot"))
+    assert [e.type for e in s.chat("so?")][-1] == "Error"
+    s.chat("so?")
+    assert "idiot" not in json.dumps(fake.requests) and len(fake.requests) == 2
+
+
+def test_a_seeded_message_in_another_language_is_left_out(write_bot):
+    from chatrun.models.scripted import ScriptedModel
+
+    model = ScriptedModel([{"text": "Sure."}])
+    s = chatrun.load_bot(write_bot(LANGUAGES.replace("locales: [en, de]\n", ""))).session(model=model)
+    s.seed_memory(seeded_conversation("Hallo, ich habe gestern meine Kreditkarte verloren"))
+    s.chat("Hello, I lost my credit card yesterday")
+    sent = json.dumps([m.to_dict() for m in model.requests[0].messages])
+    assert "Kreditkarte" not in sent and "Zorblax" not in sent and "hello there" in sent
+
+
 def test_the_validator_checks_the_new_kinds_at_their_line(write_bot):
     path = write_bot("""
 name: bad

@@ -237,6 +237,29 @@ def test_v1_earlier_messages_an_input_guardrail_stops_never_reach_the_model_nor_
         assert b"internal only" not in kept and b"lawyer" not in kept
 
 
+def test_v1_earlier_messages_moderation_flags_never_reach_the_model(monkeypatch, tmp_path):
+    """The `moderation` guard judges the resent earlier messages too (in the turn, before its model
+    call: the seeding is synchronous): a flagged one is left out with its answer, on both APIs."""
+    with FakeOpenAI() as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        fake.flag_word("idiot", "harassment", 0.97)
+        (tmp_path / "shop.yaml").write_text(BLOCK_INPUT_BOT.replace(
+            "routes:", "  - {name: abuse, moderation: {categories: [harassment]}, stages: [input], outcome: block}\nroutes:"))
+        app = create_app([chatrun.load_bot(tmp_path / "shop.yaml")], f"sqlite:///{tmp_path / 'c.db'}")
+        fake.queue({"text": "Fine."}, {"text": "Fine again."})
+        earlier = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi, how can I help?"},
+                   {"role": "user", "content": "you idiot"}, {"role": "assistant", "content": "Zorblax."},
+                   {"role": "user", "content": "thanks"}]
+        with ThreadServer(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                                     max_retries=0) as client:
+            client.chat.completions.create(model="shop", messages=earlier)  # type: ignore[arg-type]
+            client.responses.create(model="shop", input=earlier)  # type: ignore[arg-type]
+        sent = json.dumps(fake.requests).lower()
+        assert len(fake.requests) == 2 and "idiot" not in sent and "zorblax" not in sent
+        assert "hi, how can i help?" in sent and "thanks" in sent
+
+
 ANSWER_BOT = """
 name: shop
 model: {provider: openai, name: gpt-4o-mini, max_retries: 0}

@@ -92,6 +92,7 @@ class Checkpoint:
     outcome: dict[str, Any] | None = None  # the recorded outcome or the armed silence (never changed in place)
     user_memory: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
     remembered: Mapping[str, Any] = field(default_factory=lambda: NO_FACTS)  # (never changed in place)
+    unscreened: tuple[str, ...] = ()  # a failed turn's memory is the seeded one again: judged by the next
 
 
 class Conversation:
@@ -99,7 +100,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry")
+                 "remembered", "unknown", "retry", "unscreened")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -130,6 +131,9 @@ class Conversation:
         self.clock: Clock = SYSTEM_CLOCK  # what `now` reads (transcripts and the REPL pin it)
         self.turn_instant: datetime | None = None  # the clock read once when a turn starts
         self.tokenizer: str | None = None  # the pinned token counter (a transcript's `tokenizer:`)
+        # The user's texts a conversation begun elsewhere was just seeded with (Session.seed_memory),
+        # which its next turn's `languages` and `moderation` input guards judge (engine/guardrails.py).
+        self.unscreened: tuple[str, ...] = ()
         # Open items, oldest first (engine/pending.py), and the last resolved items' outcomes by
         # id (NotPending says it). Most sessions never have any: both start as shared empties (an
         # empty tuple, a read-only empty mapping) and are replaced, never changed in place, so an
@@ -487,7 +491,7 @@ class Conversation:
                           [item.to_dict() for item in self.pending], self.next_pending,
                           copy.deepcopy(self.taken_over) if self.taken_over else self.taken_over,
                           dict(self.resolved) if self.resolved else None, self.done_calls, self.follow_up,
-                          self.outcome, self.user_memory, self.remembered)
+                          self.outcome, self.user_memory, self.remembered, self.unscreened)
 
     def rollback(self, before: Checkpoint) -> None:
         self.turn_count = before.turn_count
@@ -504,6 +508,7 @@ class Conversation:
         self.follow_up = before.follow_up
         self.outcome = before.outcome
         self.user_memory, self.remembered = before.user_memory, before.remembered
+        self.unscreened = before.unscreened
         # The store holds exactly what the memories held before the turn (nothing is written
         # until a turn succeeds), so dropping the cache rolls every memory back.
         self._memories = ()

@@ -35,6 +35,7 @@ from chatrun.engine.pending import OPERATOR_ROLE, TAKEOVER, USER_ROLE, Answer
 from chatrun.errors import ModelError
 from chatrun.messages import (
     AssistantMessage,
+    Attachment,
     Message,
     SummaryMessage,
     SystemMessage,
@@ -205,6 +206,55 @@ def judge(guards: Iterable[GuardrailConfig], stage: str, text: str) -> Verdict:
     return verdict
 
 
+def renamed(attachments: tuple[Attachment, ...], names: list[str]) -> tuple[Attachment, ...]:
+    """`attachments` with the names an input guard redacted (what a model reads of each file)."""
+    return tuple(a if a.name == name else replace(a, name=name) for a, name in zip(attachments, names, strict=True))
+
+
+def judged_message(guards: tuple[GuardrailConfig, ...], message: UserMessage) -> tuple[UserMessage, bool]:
+    """A user message judged by the local input `guards`, its text and its files' names, as a turn
+    judges its own (`Guardrails.check_input`): redacted, and whether a guard stopped it."""
+    verdict = judge(guards, "input", message.content)
+    names = []
+    for attachment in message.attachments:
+        if verdict.stopped_by is not None:
+            break
+        name = judge(guards, "input", attachment.name)
+        verdict.stopped_by = name.stopped_by
+        names.append(name.text)
+    if verdict.stopped_by is not None:
+        return message, True
+    return UserMessage(verdict.text, renamed(message.attachments, names)), False
+
+
+WHOLE_TEXT = ("language", "moderation")  # the kinds a seeded conversation's turn judges (`check_seeded`)
+
+
+def unscreened(guards: Iterable[GuardrailConfig], seeded: list[Message]) -> tuple[str, ...]:
+    """The user's texts of a seeded conversation that `languages` and `moderation` input guards
+    are yet to judge (none when the route has no such guard)."""
+    if not any(g.kind in WHOLE_TEXT for g in stage_guards(guards, "input")):
+        return ()
+    return tuple(m.content for m in seeded if isinstance(m, UserMessage) and m.content)
+
+
+def left_out(messages: list[Message], judged: dict[str, str | None]) -> list[Message]:
+    """`messages` with each user message `judged` maps to None left out with the answers it got,
+    and each one it maps to a text given that text."""
+    kept: list[Message] = []
+    stopped = False
+    for m in messages:
+        if isinstance(m, UserMessage) and m.content in judged:
+            text = judged[m.content]
+            stopped = text is None
+            m = m if text is None or text == m.content else UserMessage(text, m.attachments)
+        elif isinstance(m, UserMessage):
+            stopped = False
+        if not stopped:
+            kept.append(m)
+    return kept
+
+
 def stage_guards(guards: Iterable[GuardrailConfig], stage: str) -> tuple[GuardrailConfig, ...]:
     return tuple(g for g in guards if stage in g.stages)
 
@@ -331,6 +381,8 @@ class Guardrails:
         guards = self.on("input")
         if not guards:
             return False
+        if self.t.c.unscreened:
+            await self.check_seeded(guards)
         if self.t.decision is not None:
             return await self.check_answer(guards)
         stopped = None
@@ -338,9 +390,30 @@ class Guardrails:
             verdict = await self.screen("input", self.t.user_message, guards)
             self.report(verdict, "input")
             self.t.user_message, stopped = verdict.text, verdict.stopped_by
-        if stopped is None and self.t.data:
-            self.t.data, stopped = await self.data_verdict(guards, self.t.data)
+        if stopped is None and (self.t.data or self.t.attachments):
+            # The names of the files sent are text a model reads (`[attached: NAME ...]`, a PDF's
+            # filename): judged with the data's texts, one moderation round trip for both.
+            (self.t.data, names), stopped = await self.data_verdict(
+                guards, [self.t.data, [a.name for a in self.t.attachments]])
+            self.t.attachments = renamed(self.t.attachments, names)
         return self.stop_input(stopped)
+
+    async def check_seeded(self, guards: tuple[GuardrailConfig, ...]) -> None:
+        """The user's messages of a conversation just seeded (`Session.seed_memory`, the earlier
+        messages a `/v1` client resends) judged by the `languages` and `moderation` guards, which
+        the synchronous seeding could not run, before any model reads them: one they stop is taken
+        out of the memory with the answers it got, as the local guards left theirs out."""
+        texts, self.t.c.unscreened = self.t.c.unscreened, ()
+        whole = tuple(g for g in guards if g.kind in WHOLE_TEXT)
+        judged: dict[str, str | None] = {}
+        for text in dict.fromkeys(texts):
+            verdict = await self.screen("input", text, whole)
+            self.report(verdict, "input")
+            if verdict.stopped_by is not None or verdict.text != text:
+                judged[text] = None if verdict.stopped_by is not None else verdict.text
+        if judged:
+            memory = self.t.c.memory_for(self.t.c.scope, self.t.c.scope.route)
+            memory.set(left_out(memory.messages(), judged))
 
     async def check_answer(self, guards: tuple[GuardrailConfig, ...]) -> bool:
         """A user's answer to a question the user is asked (an `Answer`: the web page's card, the
@@ -458,15 +531,23 @@ class OutputHold:
 
     async def chunk(self, text: str) -> bool:
         """A streamed chunk, held. Whether the reply has begun to reach the user (models/base.py
-        ChunkCallback): never while the whole reply is held, so a model that fails mid-stream may
-        be retried, or a fallback asked, and only that answer's text is checked and sent (`final`);
-        always by the sentence, where what is held may be the start of a sentence already begun."""
+        ChunkCallback): never while the whole reply is held, and by the sentence only once a checked
+        sentence went out, so a model that fails before may be retried, or a fallback asked, and only
+        that answer's text is checked and sent (`begin_again` drops what the failed one streamed)."""
         self.raw += text
         if not self.by_sentence:
             return False
         if self.stopped is None:
             await self.release()
-        return True
+        return bool(self.released)
+
+    __call__ = chunk  # the ChunkCallback the turn gives its model
+
+    def begin_again(self) -> None:
+        """A new attempt at the answer (a retry, the next fallback) after one none of which reached
+        the user: what that one streamed, and a sentence of it a guard stopped, count no more."""
+        if not self.released:
+            self.raw, self.consumed, self.stopped = "", 0, None
 
     async def release(self) -> None:
         """The whole sentences held, checked and sent (runs of `window` characters at least)."""
@@ -559,7 +640,7 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
     """A memory's message as the store keeps it: its texts (its calls' arguments, a running
     summary) redacted."""
     if isinstance(message, UserMessage):
-        return UserMessage(redact(message.content), message.attachments)
+        return UserMessage(redact(message.content), renamed(message.attachments, [redact(a.name) for a in message.attachments]))
     if isinstance(message, AssistantMessage):
         calls = tuple(ToolCall(c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
         return AssistantMessage(redact(message.content) if message.content else message.content, calls)

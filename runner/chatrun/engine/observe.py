@@ -89,6 +89,10 @@ async def timed_call(model: ChatModel, request: ModelRequest, on_chunk: Chunk | 
         assert on_chunk is not None
         return await on_chunk(chunk)
 
+    # As models/base.py `relaying` does, inline: a served message's walk enters no function of that module.
+    again = getattr(on_chunk, "begin_again", None)
+    if again is not None:
+        timed_chunk.begin_again = again  # type: ignore[attr-defined]
     try:
         response = await model.complete(request, timed_chunk if on_chunk is not None else None)
     except BaseException as exc:

@@ -477,6 +477,7 @@ class Session:
             return 0
         if self.bot.config.guarded:  # the earlier messages are the user's too: no model or store reads what a guard redacts
             messages = _seeded(self.bot.config, scope.route, messages)
+            self._c.unscreened = guardrails.unscreened(self.bot.config.route_guardrails(scope.route), messages)
         for message in messages:
             memory.add(message)
         self.store.commit_turn(self.id, self._c.snapshot(), {scope.memory_id(scope.route): memory.messages()}, [])
@@ -1261,19 +1262,18 @@ def _reference_problem(item: dict[str, Any]) -> str | None:
 
 def _seeded(config: Any, route: str, messages: list[Message]) -> list[Message]:
     """A conversation begun elsewhere as a route's memory keeps it: a user message a local `input`
-    guard stops (`block`, `operator`) left out with the answers it got, as a live turn's memory
-    leaves a stopped message out (no model reads it); the others redacted by the redacting ones (a
-    model reads them next); then every message by the `storage` guards (the store keeps them).
-    Not `languages` (its model loads off the event loop, in the turn) nor `moderation` (a round
-    trip): this is synchronous, and they judge the request's own message."""
+    guard stops (`block`, `operator`), by its text or a file's name, left out with the answers it
+    got, as a live turn's memory leaves a stopped message out (no model reads it); the others
+    redacted by the redacting ones (a model reads them next); then every message by the `storage`
+    guards (the store keeps them).
+    `languages` (its model loads off the event loop) and `moderation` (a round trip) judge them in
+    the next turn, before its model call (`Guardrails.check_seeded`): this is synchronous."""
     local = tuple(g for g in guardrails.stage_guards(config.route_guardrails(route), "input") if g.kind != "language")
     seeded: list[Message] = []
     stopped = False
     for m in messages:
-        if isinstance(m, UserMessage) and m.content and local:
-            verdict = guardrails.judge(local, "input", m.content)
-            stopped = verdict.stopped_by is not None
-            m = UserMessage(verdict.text, m.attachments)
+        if isinstance(m, UserMessage) and local:
+            m, stopped = guardrails.judged_message(local, m)
         if not stopped:
             seeded.append(m)
     stored = guardrails.bot_storage_guards(config, [route])

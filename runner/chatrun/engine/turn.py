@@ -308,7 +308,7 @@ class Turn:
                                  model_config.temperature) if self.recorded else tracing.OFF
         with chat as span:
             try:
-                response, used, switches = await self.call_model(request, hold.chunk if hold is not None else sender)
+                response, used, switches = await self.call_model(request, hold if hold is not None else sender)
             finally:
                 if batcher is not None:
                     batcher.close()  # what the model sent last goes before anything else of the turn

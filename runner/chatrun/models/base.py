@@ -17,6 +17,23 @@ from chatrun.messages import BlobReader, Message, ToolCall
 ChunkCallback = Callable[[str], Awaitable[bool | None]]
 
 
+def begin_again(on_chunk: ChunkCallback | None) -> None:
+    """A new attempt at an answer none of whose chunks reached the user (a retry, the next model of
+    `fallback:`): a callback that holds chunks (an output guardrail's hold) drops the failed
+    attempt's, so the new answer's text is never joined to them. A plain callback has nothing to drop."""
+    again = getattr(on_chunk, "begin_again", None)
+    if again is not None:
+        again()
+
+
+def relaying(wrapper: ChunkCallback, on_chunk: ChunkCallback) -> ChunkCallback:
+    """`wrapper`, a callback that passes its chunks on to `on_chunk`, passing `begin_again` on too."""
+    again = getattr(on_chunk, "begin_again", None)
+    if again is not None:
+        wrapper.begin_again = again  # type: ignore[attr-defined]
+    return wrapper
+
+
 @dataclass(frozen=True)
 class ModerationResult:
     """What a `/moderations` endpoint said of a text (a `moderation` guardrail reads it,

@@ -23,7 +23,14 @@ from datetime import datetime
 
 from chatrun.definition.config import ModelConfig
 from chatrun.errors import ModelError, ModelUnavailable
-from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
+from chatrun.models.base import (
+    ChatModel,
+    ChunkCallback,
+    ModelRequest,
+    ModelResponse,
+    begin_again,
+    relaying,
+)
 
 BREAKER_OPEN = "breaker_open"  # the reason of a switch made without calling the skipped model
 
@@ -132,7 +139,8 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
             failures.append(f"{config.name}: skipped (its breaker is open after repeated failures)")
             continue
         try:
-            response = await call(model, replace_config(request, config), watched if on_chunk else None)
+            response = await call(model, replace_config(request, config),
+                                  relaying(watched, on_chunk) if on_chunk else None)
         except ModelUnavailable as exc:
             if breakers is not None:
                 breakers.failed(config, now().timestamp())
@@ -140,6 +148,7 @@ async def complete(model: ChatModel, request: ModelRequest, on_chunk: ChunkCallb
                 raise ModelUnavailable(joined(failures, config, exc), exc.reason) if failures else exc from None
             switch(Switch(config.name, successor, exc.reason))
             failures.append(f"{config.name}: {exc}")
+            begin_again(on_chunk)  # what the hold kept of this answer is not the next one's start
             continue
         if breakers is not None:
             breakers.succeeded(config)

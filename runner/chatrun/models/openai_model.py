@@ -52,7 +52,13 @@ from chatrun.messages import (
     UserMessage,
     accepted_kinds,
 )
-from chatrun.models.base import ChunkCallback, ModelRequest, ModelResponse, ModerationResult
+from chatrun.models.base import (
+    ChunkCallback,
+    ModelRequest,
+    ModelResponse,
+    ModerationResult,
+    begin_again,
+)
 from chatrun.models.fallback import RETRY_STATUS, unavailable_reason
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -310,6 +316,7 @@ class OpenAIModel:
                         raise ModelError(message) from None
                     raise ModelUnavailable(message, failure.kind) from None
                 await asyncio.sleep(self.wait_before_retry(attempt, failure.retry_after))
+                begin_again(on_chunk)  # nothing of the failed answer was shown: a hold drops what it kept
             except Refused:
                 raise
             except ModelError as exc:

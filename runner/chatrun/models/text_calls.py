@@ -48,6 +48,7 @@ from chatrun.models.base import (
     ModelRequest,
     ModelResponse,
     ModerationResult,
+    begin_again,
 )
 
 MODES = ("native", "text", "auto")
@@ -306,6 +307,13 @@ class HeldBack:
         await self.take(chunk)
         return self.reached or bool(self.pending)
 
+    __call__ = send  # a ChunkCallback, which passes `begin_again` on
+
+    def begin_again(self) -> None:
+        """A retry of an answer none of which reached the user (models/base.py begin_again)."""
+        self.shown, self.pending, self.holding = [], "", False
+        begin_again(self.on_chunk)
+
     async def take(self, chunk: str) -> None:
         if not self.pending and not self.holding and QUICK.search(chunk) is None and (self.shown or not chunk.isspace()):
             # Most chunks: nothing that may start a call, no line break held, and (the first) not
@@ -362,7 +370,7 @@ class TextCalls:
         if self.for_request(request) is self.model:
             return await self.model.complete(request, on_chunk)
         held = HeldBack(on_chunk) if on_chunk is not None else None
-        response = await self.model.complete(request, held.send if held is not None else None)
+        response = await self.model.complete(request, held)
         if response.text and CANDIDATE.search(response.text) is not None:  # else nothing in it may be a call
             response = read_response(response, mode, offered_names(request))
         if held is not None:
