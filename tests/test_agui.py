@@ -157,7 +157,8 @@ def test_a_message_over_max_message_chars_is_a_413_and_runs_no_turn(client, fake
     refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
     assert refused.status_code == 413, refused.text
     assert refused.json() == {"error": "TooLarge",
-                              "message": "messages[0].content of 8001 characters is over the limit of 8000"}
+                              "message": "messages[0].content of 8001 characters is over the limit of 8000"
+                              " (--max-message-chars): send a shorter one"}
     assert fake.requests == []
     assert text_of(run(client, "r-fits", "x" * 7990)).startswith("You said x")
 

@@ -127,7 +127,7 @@ def agui(server: ThreadServer, text: str) -> tuple[bool, str]:
     return events[-1]["type"] == "RUN_FINISHED", "".join(e.get("delta", "") for e in events)
 
 
-OVER = f"of {LIMIT + 1} characters is over the limit of {LIMIT}"
+OVER = f"of {LIMIT + 1} characters is over the limit of {LIMIT} (--max-message-chars): send a shorter one"
 DOORS: dict[str, tuple[Door, str]] = {  # the door, and its refusal as its client reads it
     "websocket": (websocket(True), f"userMessage {OVER} TooLarge"),  # the Error saying why, then Failed
     "websocket-quarkus": (websocket(False), "TooLarge"),  # Failed alone: Quarkus never sends an Error (protocol.md)

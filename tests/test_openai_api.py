@@ -874,7 +874,7 @@ def test_a_user_message_over_the_limit_is_413_naming_its_field(fake, travel, tmp
             assert caught.value.status_code == 413
             error = caught.value.body
             assert (error["code"], error["param"]) == ("too_large", field), error
-            assert error["message"] == f"{field} of 41 characters is over the limit of 40"
+            assert error["message"] == f"{field} of 41 characters is over the limit of 40 (--max-message-chars): send a shorter one"
 
 
 @pytest.mark.slow
@@ -913,7 +913,7 @@ def test_an_earlier_user_message_over_the_limit_is_413_too_and_reaches_no_model(
             assert caught.value.status_code == 413
             error = caught.value.body
             assert (error["code"], error["param"]) == ("too_large", field), error
-            assert error["message"] == f"{field} of 41 characters is over the limit of 40"
+            assert error["message"] == f"{field} of 41 characters is over the limit of 40 (--max-message-chars): send a shorter one"
         assert len(fake.requests) == asked  # no model read it
         said = client.chat.completions.create(model="travel", messages=[
             {"role": "user", "content": "hi"}, {"role": "assistant", "content": long}, {"role": "user", "content": "ok"}])

@@ -377,7 +377,7 @@ def checked_words(limits: wire.ServerLimits, value: Any, field: str) -> Any:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     too_long = limits.message_too_long(text, field)
     if too_long:
-        raise wire.RequestFailed(wire.TOO_LARGE, f"{too_long}; shorten it (nothing was decided or said)")
+        raise wire.RequestFailed(wire.TOO_LARGE, f"{too_long} (nothing was decided or said)")
     return value
 
 
