@@ -190,6 +190,24 @@ def posted(client, run_id, messages):
     return response.text
 
 
+def test_a_resume_payload_over_max_message_chars_is_a_413_and_decides_nothing(client):
+    """A resume's answer or reason is words the model reads, as a user message is: held to
+    --max-message-chars as on the HTTP API and the WebSocket (it was taken up to 64 KiB)."""
+    interrupt = run(client, "r1", "book Hamlet")[-1].outcome.interrupts[0]
+    for payload, field in (({"decision": "reject", "reason": "x" * 8001}, "reason"),
+                           ("x" * 8001, "resume[0].payload")):
+        body = {"threadId": "thread-1", "runId": f"r-{field}", "state": {}, "tools": [], "context": [],
+                "forwardedProps": {}, "messages": [],
+                "resume": [{"interruptId": interrupt.id, "status": "resolved", "payload": payload}]}
+        refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["message"] == (f"{field} of 8001 characters is over the limit of 8000 "
+                                              "(--max-message-chars): send a shorter one (nothing was decided or said)")
+    decided = run(client, "r2", resume=[{"interruptId": interrupt.id, "status": "resolved",
+                                         "payload": {"decision": "approve"}}])
+    assert "Booked Hamlet" in text_of(decided)
+
+
 def test_a_user_message_runs_once_however_many_runs_carry_it(tmp_path, fake):
     """docs/agui.md, "A message runs once": a front end's regenerate (a new run, the answer dropped)
     and a history resent after the answer (no new user message) carry the same last user message:
