@@ -157,7 +157,8 @@ def test_a_message_over_max_message_chars_is_a_413_and_runs_no_turn(client, fake
     refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
     assert refused.status_code == 413, refused.text
     assert refused.json() == {"error": "TooLarge",
-                              "message": "messages[0].content of 8001 characters is over the limit of 8000"}
+                              "message": "messages[0].content of 8001 characters is over the limit of 8000"
+                              " (--max-message-chars): send a shorter one"}
     assert fake.requests == []
     assert text_of(run(client, "r-fits", "x" * 7990)).startswith("You said x")
 
@@ -187,6 +188,24 @@ def posted(client, run_id, messages):
     response = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
     assert response.status_code == 200, response.text
     return response.text
+
+
+def test_a_resume_payload_over_max_message_chars_is_a_413_and_decides_nothing(client):
+    """A resume's answer or reason is words the model reads, as a user message is: held to
+    --max-message-chars as on the HTTP API and the WebSocket (it was taken up to 64 KiB)."""
+    interrupt = run(client, "r1", "book Hamlet")[-1].outcome.interrupts[0]
+    for payload, field in (({"decision": "reject", "reason": "x" * 8001}, "reason"),
+                           ("x" * 8001, "resume[0].payload")):
+        body = {"threadId": "thread-1", "runId": f"r-{field}", "state": {}, "tools": [], "context": [],
+                "forwardedProps": {}, "messages": [],
+                "resume": [{"interruptId": interrupt.id, "status": "resolved", "payload": payload}]}
+        refused = client.post("/agui/shop", json=body, headers={"Accept": "text/event-stream"})
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["message"] == (f"{field} of 8001 characters is over the limit of 8000 "
+                                              "(--max-message-chars): send a shorter one (nothing was decided or said)")
+    decided = run(client, "r2", resume=[{"interruptId": interrupt.id, "status": "resolved",
+                                         "payload": {"decision": "approve"}}])
+    assert "Booked Hamlet" in text_of(decided)
 
 
 def test_a_user_message_runs_once_however_many_runs_carry_it(tmp_path, fake):

@@ -514,7 +514,7 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     session_id = session_id_for("shop", chat.user.kind, chat.user.conversation)
     history = chat.client.portal.call(store.load_history, session_id)
     assert [e for e in history if "turn" in e] == [] and history[0]["notice"]["why"] == \
-        "userMessage of 8001 characters is over the limit of 8000"
+        "userMessage of 8001 characters is over the limit of 8000 (--max-message-chars): send a shorter one"
     assert chat.user.say("hello") == 200  # a message within the limit runs its turn as ever
     wait_until(lambda: len(chat.user.replies()) == 2, what="the reply")
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
@@ -552,7 +552,7 @@ def test_a_notice_committed_just_before_a_crash_is_not_sent_again_for_the_retrie
     assert chat.texts() == ["Sorry, your message is too long: I take messages of up to 8000 characters. "
                             "Please send a shorter one."]
     history = chat.client.portal.call(store.load_history, crashed[0])
-    assert [e["notice"]["why"] for e in history] == ["userMessage of 8001 characters is over the limit of 8000"]
+    assert [e["notice"]["why"] for e in history] == ["userMessage of 8001 characters is over the limit of 8000 (--max-message-chars): send a shorter one"]
     assert chat.fake.requests == []
 
 

@@ -484,8 +484,8 @@ def test_a_prompt_in_parts_is_refused_once_its_parts_are_over_max_message_chars(
         assert "".join(reply(ws)[0]) == "Two left."
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
     # Refused at the part that went over (27 characters kept), not after 9000 more were joined.
-    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records if "a prompt refused" in r.getMessage()] \
-        == ["userMessage of 27 characters is over the limit of 20"]
+    assert [r.getMessage().split("a prompt refused: ", 1)[1] for r in caplog.records if "a prompt refused" in r.getMessage()] \
+        == ["userMessage of 27 characters is over the limit of 20 (--max-message-chars): send a shorter one"]
 
 
 def test_a_prompt_is_measured_by_the_callers_words_and_a_refused_one_keeps_the_interrupts_note(

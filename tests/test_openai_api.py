@@ -874,4 +874,48 @@ def test_a_user_message_over_the_limit_is_413_naming_its_field(fake, travel, tmp
             assert caught.value.status_code == 413
             error = caught.value.body
             assert (error["code"], error["param"]) == ("too_large", field), error
-            assert error["message"] == f"{field} of 41 characters is over the limit of 40"
+            assert error["message"] == f"{field} of 41 characters is over the limit of 40 (--max-message-chars): send a shorter one"
+
+
+@pytest.mark.slow
+def test_an_earlier_user_message_over_the_limit_is_413_too_and_reaches_no_model(fake, travel, tmp_path):
+    """`max_message_chars` holds for every user message of a list, not the last one only: the
+    earlier ones of a conversation chatrun does not know are put into the new session's memory,
+    so a client put a message of any length before a short last one and the model read it (a
+    door around the limit every other door keeps). An earlier assistant message is not the
+    user's: it passes. The field is named as for the last message."""
+    from chatrun.server.wire import ServerLimits
+
+    fake.responder = lambda body: {"text": "Hello."}
+    app = create_app([travel], f"sqlite:///{tmp_path / 'chat.db'}", limits=ServerLimits(max_message_chars=40))
+    long = "x" * 41
+    with ThreadServer(app) as server, openai.OpenAI(base_url=server.url + "/v1", api_key="unused",
+                                                    max_retries=0) as client:
+        first = [{"role": "user", "content": "hi"}]
+        answer = client.chat.completions.create(model="travel", messages=first).choices[0].message.content
+        asked = len(fake.requests)
+        refused = [
+            (lambda: client.chat.completions.create(model="travel", messages=[
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": long},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "and?"}]),
+             "messages[1].content"),
+            (lambda: client.chat.completions.create(  # the resent conversation, read from its known prefix
+                model="travel", messages=[*first, {"role": "assistant", "content": answer},
+                                          {"role": "user", "content": long}, {"role": "assistant", "content": "Hm."},
+                                          {"role": "user", "content": "and?"}]), "messages[2].content"),
+            (lambda: client.responses.create(model="travel", input=[{"role": "user", "content": long},
+                                                                    {"role": "user", "content": "and?"}]),
+             "input[0].content"),
+        ]
+        for send, field in refused:
+            with pytest.raises(openai.APIStatusError) as caught:
+                send()
+            assert caught.value.status_code == 413
+            error = caught.value.body
+            assert (error["code"], error["param"]) == ("too_large", field), error
+            assert error["message"] == f"{field} of 41 characters is over the limit of 40 (--max-message-chars): send a shorter one"
+        assert len(fake.requests) == asked  # no model read it
+        said = client.chat.completions.create(model="travel", messages=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": long}, {"role": "user", "content": "ok"}])
+        assert said.choices[0].message.content == "Hello."
+        assert long in [m.get("content") for m in fake.requests[-1]["messages"]]

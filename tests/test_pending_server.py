@@ -146,6 +146,45 @@ def test_decision_bodies_are_checked_before_anything_runs(waiting):
     assert r.status_code == 404  # a stranger learns nothing
 
 
+def user_question(pid="p3"):
+    return PendingItem(pid, "question", NOW, None, "main_menu", "s1.1", ask="Your address?", by=["user"],
+                       schema={"type": "string"}).to_dict()
+
+
+def test_an_answer_a_reason_and_an_operators_line_are_held_to_the_message_limit(fake, tmp_path):
+    """The model reads a question's answer, a decision's reason and an operator's line as it reads
+    a user's message, which every door holds to --max-message-chars; these were taken up to the
+    body's 64 KiB (an answer on the page, over HTTP or AG-UI's resume). Now each is 413 TooLarge
+    naming its field and the limit, and nothing is decided or said: the item still waits."""
+    from server_support import until_done
+
+    (tmp_path / "auth.yaml").write_text(AUTH)
+    db = tmp_path / "s.db"
+    app = app_for_testclient([chatrun.load_bot(write_travel(tmp_path))], f"sqlite:///{db}",
+                             auth=str(tmp_path / "auth.yaml"), limits=wire.ServerLimits(max_message_chars=40))
+    long = "x" * 41
+    with TestClient(app) as client:
+        assert client.post("/bots/travel/sessions", json={"id": "s1"}, headers=ANA).status_code == 201
+        seed(db, "s1", approval(), user_question())
+        for path, body, headers, field in (
+                ("pending/p3", {"answer": long}, ANA, "answer"),
+                ("pending/p3", {"answer": {"street": long}}, ANA, "answer"),
+                ("pending/p1", {"decision": "reject", "reason": long}, SAM, "reason"),
+                ("operator/messages", {"text": long}, OLGA, "text")):
+            r = client.post(f"/bots/travel/sessions/s1/{path}", json=body, headers=headers)
+            assert r.status_code == 413 and r.json()["error"] == "TooLarge", (path, r.json())
+            assert r.json()["message"].startswith(f"{field} of ") and r.json()["message"].endswith("over the limit of 40 (--max-message-chars): send a shorter one (nothing was decided or said)")
+        with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
+            ws.send_json({"type": "Connect", "chatId": "s1", "extensions": True, "resume": True})
+            until_done(ws)
+            ws.send_json({"type": "Answer", "chatId": "s1", "item": "p3", "answer": long})
+            frames = until_done(ws)
+            assert frames[-1] == {"chatId": "s1", "type": "Failed", "data": "TooLarge"}, frames
+        items = client.get("/bots/travel/sessions/s1", headers=ANA).json()["pending"]
+        assert [i["id"] for i in items] == ["p1", "p3"]
+    assert fake.requests == []
+
+
 def test_only_operators_or_a_takeover_items_role_take_over_speak_and_release(waiting):
     client, _ = waiting
     for path, body in (("takeover", {}), ("operator/messages", {"text": "hello"}), ("release", {})):

@@ -111,6 +111,28 @@ def test_a_v1_request_refused_before_its_turn_leaves_no_session_to_count(fake, t
         assert answer.json()["choices"][0]["message"]["content"] == "Hello."
 
 
+def test_a_v1_fork_is_a_session_the_principal_limit_counts(fake, travel, tmp_path):
+    # An edited message forks the conversation into a new session, which was written to the store
+    # without the limit's check: ana, at her one session, made as many more as she edited messages.
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(AUTH)
+    app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}", auth=str(auth),
+                     sessions=SessionSettings(max_sessions_per_principal=1))
+    ana = {"Authorization": "Bearer ana-token"}
+    fake.responder = lambda body: {"text": "Hello."}
+    said = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "Hello."}]
+    with TestClient(app) as c:
+        answers = [c.post("/v1/chat/completions", json={"model": "travel", "messages": messages}, headers=ana)
+                   for messages in (said[:1], [*said, {"role": "user", "content": "two"}],
+                                    [*said, {"role": "user", "content": "two, edited"}])]
+    assert [a.status_code for a in answers] == [200, 200, 429], answers[-1].text
+    assert answers[1].json()["chatrun"]["how"] == "continued"
+    error = answers[-1].json()["error"]
+    assert error["code"] == "too_many_requests"
+    assert "ana already has 1 sessions (limit 1); delete one first" in error["message"]
+    assert SQLiteStore(tmp_path / "c.db").count_owned("ana") == 1
+
+
 def test_if_busy_reject_fails_at_once_while_queue_waits(fake, travel, tmp_path):
     fake.responder = lambda body: {"text": "slow", "delay": 0.8}
     app = create_app([travel], f"sqlite:///{tmp_path / 'c.db'}")

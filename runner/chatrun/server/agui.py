@@ -38,7 +38,7 @@ from chatrun.server import wire
 from chatrun.server.auth import Principal
 from chatrun.server.openai_sessions import trailing_others_turns
 from chatrun.server.openai_turn import caught_up_events, operator_text
-from chatrun.server.pending_api import decision_of
+from chatrun.server.pending_api import checked_words, decision_of
 from chatrun.server.plumbing import (
     KEEPALIVE,
     Caller,
@@ -111,8 +111,8 @@ def _input_of(run: Any, limits: wire.ServerLimits) -> tuple[Any, str]:
             return Reject(entry.interrupt_id), f"agui:{run.run_id}"
         payload = entry.payload
         if isinstance(payload, dict) and ({"decision", "answer"} & set(payload)):
-            return decision_of(entry.interrupt_id, payload, None), f"agui:{run.run_id}"
-        return Answer(entry.interrupt_id, payload), f"agui:{run.run_id}"
+            return decision_of(entry.interrupt_id, payload, None, limits), f"agui:{run.run_id}"
+        return Answer(entry.interrupt_id, checked_words(limits, payload, "resume[0].payload")), f"agui:{run.run_id}"
     for at in reversed(range(len(run.messages))):
         message = run.messages[at]
         if message.role == "user":  # the last one: an earlier one was a turn already

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -45,6 +46,7 @@ from chatrun.server.openai_turn import (
     Upload,
     check_said,
     conversation_of,
+    exchange_field,
     from_failure,
     last_user_field,
     opened,
@@ -256,6 +258,18 @@ class OpenAIState:
         if too_long:
             raise OpenAIError(413, too_long, code="too_large", param=field)
 
+    def check_earlier(self, earlier: Sequence[tuple[str, str]], messages: Any, where: str, before: int = 0) -> None:
+        """413 for an earlier user message of the list over the limit, as for the last one: a new
+        session's memory is seeded with them (openai_sessions._seed), so the model would read a
+        message no door takes. `messages`: the list `earlier` was read from (`before` messages
+        ahead of it), to name the field."""
+        limit = self.limits.max_message_chars
+        if max(map(len, map(operator.itemgetter(1), earlier)), default=0) <= limit:
+            return
+        for n, (role, text) in enumerate(earlier):
+            if role == "user" and len(text) > limit:
+                self.check_length(text, exchange_field(messages, where, n, before))
+
     def namespace(self, heard: Heard, body: dict[str, Any]) -> str:
         for header in self.trusted:
             value = heard.get(header)
@@ -414,6 +428,10 @@ class ChatCompletion(TurnRequest):
             earlier, text, usual = resent.earlier, resent.text, True
         api.check_length(text, last_user_field(body.get("messages"), "messages",
                                                resent.known.count if resent is not None else 0))
+        if resent is None:
+            api.check_earlier(earlier, body.get("messages"), "messages")
+        else:  # the known prefix passed this check when it was new
+            api.check_earlier(resent.new_pairs, body.get("messages"), "messages", resent.known.count)
         heard = Heard(request)
         ident = Identity(bot, earlier, heard.get(SESSION_HEADER), api.namespace(heard, body), route=route,
                          version=heard.get(VERSION_HEADER), locale=locale_of(heard, body))
@@ -564,6 +582,7 @@ class ResponseRequest(TurnRequest):
             items = [{"role": "user", "content": items}]
         earlier, text = conversation_of(items, "input")
         api.check_length(text, "input" if isinstance(body.get("input"), str) else last_user_field(items, "input"))
+        api.check_earlier(earlier, items, "input")
         uploads = uploads_of(items if isinstance(items, list) else [], "input")
         check_said(text, uploads, "input" if isinstance(body.get("input"), str) else "the last user message of input",
                    "input")

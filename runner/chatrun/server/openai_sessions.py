@@ -380,7 +380,7 @@ class TurnIndex:
                 if since is not None:
                     yield Opened(session, CONTINUED, caught_up=since)
                     return
-            fork_id = await self._fork(record)
+            fork_id = await self._fork(record, who)
             if fork_id is not None:
                 await self._left(ident, who, record["session"])
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
@@ -649,13 +649,15 @@ class TurnIndex:
                         for mid, kept in delta["memories"].items()}
         return {"snapshot": (chain[0] if chain else state)["snapshot"], "memories": memories}
 
-    async def _fork(self, record: dict[str, Any]) -> str | None:
+    async def _fork(self, record: dict[str, Any], who: Principal | None) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
-        (None when that state is gone)."""
+        (None when that state is gone). It is `who`'s session, so --max-sessions-per-principal
+        counts it as it counts a create (TooManyRequests at the limit)."""
         # A record written before the state had a record of its own holds it inline.
         state = record if "snapshot" in record else await self.state_at(record["session"], record["state"])
         if state is None:
             return None
+        await self.registry.opener.check_quota(who)
         old, new = record["session"], secrets.token_hex(8)
         memories: dict[str, list[Message]] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]

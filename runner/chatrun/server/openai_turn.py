@@ -644,6 +644,22 @@ def last_user_field(messages: Any, where: str, before: int = 0) -> str:
     return where
 
 
+def exchange_field(messages: Any, where: str, n: int, before: int = 0) -> str:
+    """The field of the exchange's `n`th message in a message list, `where[N].content` (the
+    exchange skips system and developer messages; `before`: earlier messages the list does not
+    hold); `where` itself when the list has no such message."""
+    if not isinstance(messages, list):
+        return where
+    seen = -1
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in ("system", "developer"):
+            continue
+        seen += 1
+        if seen == n:
+            return f"{where}[{before + i}].content"
+    return where
+
+
 def _exchange_of(messages: list[Any], where: str) -> Exchange:
     """The user/assistant exchange of a message list, each message read with its checks."""
     exchange: Exchange = []

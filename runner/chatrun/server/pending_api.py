@@ -55,7 +55,7 @@ from chatrun.server.audience import OPERATOR_ROLE
 from chatrun.server.auth import Principal
 from chatrun.server.http import ERROR_RESPONSES, _body, turn_reply
 from chatrun.server.inspect import pending_data
-from chatrun.server.plumbing import Caller, CallerOrToken, Registry, read_json_object
+from chatrun.server.plumbing import Caller, CallerOrToken, Registry, limits_of, read_json_object
 from chatrun.server.sessions import EXISTING, Reach
 from chatrun.store.record import (
     CURSOR_PATTERN,
@@ -162,7 +162,7 @@ async def decide(bot: str, session_id: str, item: str, request: Request, caller:
     who, token = caller
     # The bearer token is an item's only when it names no principal: a principal's own token
     # proves who they are, never that they are the backend (engine/waiting.py check_decision).
-    decision = decision_of(item, await read_json_object(request), token if who is None else None)
+    decision = decision_of(item, await read_json_object(request), token if who is None else None, limits_of(request))
     async with registry.session(bot, session_id, who, EXISTING, reach=Reach(pending=True, token=token)) as session:
         return await turn_reply(registry, session, decision, idempotency_key)
 
@@ -182,6 +182,7 @@ async def operator_says(bot: str, session_id: str, request: Request, who: Caller
                         idempotency_key: IdempotencyKey = None) -> JSONResponse:
     text = _text_field(await read_json_object(request), "text", required=True)
     assert text is not None
+    checked_words(limits_of(request), text, "text")
     return await _operator_turn(registry, bot, session_id, who, OperatorSay(text), idempotency_key)
 
 
@@ -332,8 +333,10 @@ def canned_text(source: str, catalogs: Any, locale: str | None) -> str:
 DECISION_FIELDS = frozenset({"decision", "args", "reason", "answer"})
 
 
-def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve | Reject | Answer:
-    """The engine input a decision body asks for; RequestFailed(BadRequest) naming the field."""
+def decision_of(item: str, body: dict[str, Any], token: str | None,
+                limits: wire.ServerLimits) -> Approve | Reject | Answer:
+    """The engine input a decision body asks for; RequestFailed(BadRequest) naming the field,
+    TooLarge for an answer or a reason over --max-message-chars (checked_words)."""
     unknown = sorted(set(body) - DECISION_FIELDS)
     if unknown:  # a misspelt `reason` or `args` would be dropped and the item decided without it
         import difflib
@@ -348,7 +351,7 @@ def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve |
         if set(body) != {"answer"}:
             raise wire.RequestFailed(wire.BAD_REQUEST, "an answer is {\"answer\": VALUE} alone: "
                                      f"{', '.join(sorted(set(body) - {'answer'}))} go with a decision")
-        return Answer(item, body["answer"], token)
+        return Answer(item, checked_words(limits, body["answer"], "answer"), token)
     decision, args, reason = body.get("decision"), body.get("args"), body.get("reason")
     if decision not in ("approve", "reject"):
         raise wire.RequestFailed(wire.BAD_REQUEST, 'decision must be "approve" or "reject" (or send "answer")')
@@ -356,11 +359,26 @@ def decision_of(item: str, body: dict[str, Any], token: str | None) -> Approve |
         raise wire.RequestFailed(wire.BAD_REQUEST, "args must be a JSON object (the edited arguments)")
     if reason is not None and not isinstance(reason, str):
         raise wire.RequestFailed(wire.BAD_REQUEST, "reason must be a string")
+    checked_words(limits, reason, "reason")
     if decision == "reject":
         if args is not None:
             raise wire.RequestFailed(wire.BAD_REQUEST, "a rejection takes no args")
         return Reject(item, reason)
     return Approve(item, args, reason)
+
+
+def checked_words(limits: wire.ServerLimits, value: Any, field: str) -> Any:
+    """`value`, a person's words the model reads (a question's answer, a decision's reason, an
+    operator's line), held to --max-message-chars as a user's message is on every door: a
+    string by its characters, any other answer by its compact JSON. RequestFailed(TooLarge)
+    naming `field` and the limit; None passes."""
+    if value is None:
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    too_long = limits.message_too_long(text, field)
+    if too_long:
+        raise wire.RequestFailed(wire.TOO_LARGE, f"{too_long} (nothing was decided or said)")
+    return value
 
 
 def operator_roles(session: Any) -> set[str]:

@@ -185,7 +185,7 @@ class SessionOpener:
         elif request.mode == EXISTING:
             raise not_found(request.session_id)
         else:
-            await self._check_quota(request.principal)
+            await self.check_quota(request.principal)
             bot = versions.for_new(request.session_id, request.version)
             buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True, lean=True)
             version, committed = CREATE, None
@@ -256,7 +256,9 @@ class SessionOpener:
         held = self.shelf.bots.get(bot.name)
         return [v.bot for v in held.versions] if held is not None else []
 
-    async def _check_quota(self, principal: Principal | None) -> None:
+    async def check_quota(self, principal: Principal | None) -> None:
+        """TooManyRequests when `principal` owns --max-sessions-per-principal sessions already:
+        asked before every session a request makes (a create, a /v1 fork)."""
         limit = self.max_sessions_per_principal
         if not limit or principal is None:
             return

@@ -140,6 +140,9 @@ def nothing_said(field: str) -> str:
     return f"{field} is empty (no text and no attachment): send the user's text; no turn ran"
 
 
+SHORTER = "send a shorter one"  # what to do about a text over --max-message-chars (message_too_long)
+
+
 @dataclass(frozen=True)
 class ServerLimits:
     """Guards on what one client may send. Each breach gets its own clear error."""
@@ -153,10 +156,11 @@ class ServerLimits:
     model_answer_timeout: float = 900.0  # seconds the author playing the model may take (play_model.py)
 
     def message_too_long(self, text: str, field: str = "userMessage") -> str | None:
-        """Why a user message is refused for its length, or None (one rule for every transport);
-        `field` names where the door's request carries it."""
+        """Why a user message is refused for its length, naming the limit and what to do, or None
+        (one rule for every transport); `field` names where the door's request carries it."""
         if len(text) > self.max_message_chars:
-            return f"{field} of {len(text)} characters is over the limit of {self.max_message_chars}"
+            return (f"{field} of {len(text)} characters is over the limit of {self.max_message_chars} "
+                    f"(--max-message-chars): {SHORTER}")
         return None
 
 

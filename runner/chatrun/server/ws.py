@@ -346,7 +346,7 @@ class Connection:
         """A Decide or Answer frame: a decision turn on a pending item of this chat's session
         (the same rules as POST .../pending/{item}; Failed DecisionRefused, NotPending, InvalidDecision)."""
         assert frame.item is not None
-        decision = decision_of(frame.item, frame.data, None)
+        decision = decision_of(frame.item, frame.data, None, self.limits)
         async with self.registry.session(bot, frame.chat_id, self.principal, EXISTING,
                                          reach=Reach(pending=True)) as session:
             if frame.chat_id not in self.chats or frame.chat_id in self.pending:
