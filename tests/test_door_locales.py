@@ -1,4 +1,4 @@
-"""An AG-UI session speaks the locale its client asks for (docs/i18n.md, "The session's
+"""Every door starts a session in the locale its client asks for. An AG-UI session speaks the locale its client asks for (docs/i18n.md, "The session's
 locale"): the run's `forwardedProps.locale`, else the request's Accept-Language, as /v1's
 `metadata.locale` and Accept-Language. It spoke the bot's first locale whatever the client
 asked, so a German user read chatrun's texts (a failed turn's RUN_ERROR, a confirmation's Yes
@@ -66,3 +66,16 @@ def test_an_agui_session_speaks_the_locale_its_client_asks_for(client, fake, thr
     assert error.message == BUILTIN[locale]["model_failed"]
     assert client.get(f"/bots/shop/sessions/{thread}").json()["locale"] == locale
     assert fake.requests[-1]["messages"][0]["content"] == ("Du verkaufst Karten." if locale == "de" else "You sell tickets.")
+
+
+def test_the_http_api_takes_the_locale_in_the_address_as_get_bot_does(client, fake):
+    """`GET /bots/{bot}?locale=de` showed the bot in German while `POST /bots/{bot}/sessions?locale=de`
+    started an English session (it read Accept-Language alone): both read `?locale=`, else
+    Accept-Language (docs/i18n.md)."""
+    assert client.get("/bots/shop?locale=de").json()["locale"] == "de"
+    made = client.post("/bots/shop/sessions?locale=de", json={"id": "h-1"}, headers={"Accept-Language": "en"})
+    assert made.status_code == 201 and made.json()["locale"] == "de"
+    assert client.post("/bots/shop/sessions", json={"id": "h-2"}, headers={"Accept-Language": "de"}).json()["locale"] == "de"
+    fake.queue(MODEL_DOWN)
+    reply = client.post("/bots/shop/sessions/h-1/messages", json={"userMessage": "hallo"}).json()
+    assert [e["data"] for e in reply["events"] if e["type"] == "Error"] == [BUILTIN["de"]["model_failed"]]
