@@ -756,3 +756,25 @@ def test_a_bot_whose_only_locale_twilio_does_not_speak_switches_it_before_its_fi
         said = heard(ws)
         assert said[:len(switched)] == switched
         assert "".join(m["token"] for m in said[len(switched):]).strip() == "Guten Tag."
+
+
+
+@pytest.mark.parametrize(("tags", "language"), [(["de"], 'language="de-DE"'), (["en", "de"], 'language="en-US"'),
+                                                (["de-AT", "en"], 'language="de-AT"'), (None, None)])
+def test_the_twiml_sets_twilios_language_to_the_bots_first_locale(tmp_path, fake, monkeypatch, tags, language):
+    """Twilio heard the first prompt of a German bot's call in its default English (and said the
+    greeting with an English voice): the TwiML names the bot's first locale, with its likely
+    region, so the caller's first words are heard in it. A bot without `locales:` leaves Twilio's
+    own setting."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    if tags is None:
+        (tmp_path / "bot.yaml").write_text(BOT)
+    else:
+        (tmp_path / "bot.yaml").write_text(SPEAK_BOT.replace("LOCALES", f"[{', '.join(tags)}]")
+                                           .replace("enum: [en, de]", f"enum: [{tags[0]}]"))
+        (tmp_path / "locales").mkdir()
+        for tag in tags:
+            (tmp_path / "locales" / f"{tag}.yaml").write_text("prompt: Hi.\n")
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
+    assert re.findall(r'language="[^"]*"', twiml) == ([language] if language else [])

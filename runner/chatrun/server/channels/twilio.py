@@ -268,6 +268,9 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     attributes = f"url={quoteattr(relay_url)} dtmfDetection=\"true\""
     if greeting:
         attributes += f" welcomeGreeting={quoteattr(greeting)}"
+    catalogs = channel.bot.catalogs  # the bot's first locale: what the caller's first words are heard in
+    if catalogs is not None:
+        attributes += f" language={quoteattr(speech_language(catalogs.default))}"
     action = quoteattr(f"{base}/channels/{bot}/{KIND}/ended")
     return _twiml(f"<Connect action={action}><ConversationRelay {attributes}/></Connect>")
 
