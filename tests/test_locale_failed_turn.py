@@ -78,6 +78,9 @@ def test_a_failed_turn_is_told_in_the_sessions_locale_on_the_websocket_http_and_
         assert _v1_error(client, "v1-model") == de["model_failed"]
         fake.queue(CRASH)
         assert _v1_error(client, "v1-crash") == de["turn_failed"]
+        fake.queue(MODEL_DOWN)  # the Responses API: its error too
+        failed = client.post("/v1/responses", json={"model": "shop", "metadata": {"locale": "de"}, "input": "hallo"})
+        assert failed.status_code == 500 and failed.json()["error"]["message"] == de["model_failed"]
     assert de["turn_failed"] != chatrun.events.TURN_FAILED_TEXT
     assert BUILTIN["en"]["turn_failed"] == chatrun.events.TURN_FAILED_TEXT  # English as before
 
