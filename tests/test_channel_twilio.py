@@ -681,3 +681,100 @@ def test_callers_whose_number_is_withheld_are_each_a_principal_of_their_call_wit
     systems = [request["messages"][0]["content"] for request in fake.requests]
     assert systems == ["You sell tickets to twilio:anonymous:CA0001 ().",
                        "You sell tickets to twilio:anonymous:CA0002 ()."]  # never one shared principal
+
+
+SPEAK_BOT = f"""\
+name: phone
+model: {{{OPENAI_MODEL}}}
+env:
+  TWILIO_AUTH_TOKEN: {{secret: true}}
+channels:
+  twilio:
+    auth_token: TWILIO_AUTH_TOKEN
+locales: LOCALES
+state: {{locale: null}}
+routes:
+  main:
+    default: true
+    system: "{{{{ t('prompt') }}}}"
+    tools: [speak]
+tools:
+  speak:
+    description: Switch the language you answer in.
+    parameters: {{type: object, properties: {{language: {{type: string, enum: [en, de]}}}}, required: [language]}}
+    action: {{set: {{state.locale: "{{{{ args.language }}}}"}}}}
+"""
+
+
+def heard(ws) -> list[dict]:
+    """Every message of one answer up to its closing `last`: `language` messages and tokens."""
+    messages = []
+    while not (message := ws.receive_json()).get("last"):
+        messages.append(message)
+    return messages
+
+
+def _speak_app(tmp_path, monkeypatch, locales: str) -> TestClient:
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(SPEAK_BOT.replace("LOCALES", locales))
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("prompt: You sell tickets.\n")
+    (tmp_path / "locales" / "de.yaml").write_text("prompt: Du verkaufst Karten.\n")
+    return TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}"))
+
+
+GERMAN = {"type": "language", "ttsLanguage": "de-DE", "transcriptionLanguage": "de-DE"}
+
+
+def test_a_bot_that_switches_language_mid_call_switches_twilios_voice_and_ear_before_it_speaks(
+        tmp_path, fake, monkeypatch):
+    """The bot's `state.locale` switched the text to German while Twilio went on speaking (and
+    hearing) the call's English: the German reply was read by an English voice. Twilio now gets
+    ConversationRelay's `language` message, with the locale's likely region (CLDR: de is de-DE),
+    before the first word in the new language, and once: the next prompt comes in that language."""
+    fake.queue({"tool_calls": [{"name": "speak", "arguments": {"language": "de"}}]}, {"text": "Gern, auf Deutsch."},
+               {"text": "Zwei Karten, gern."})
+    with _speak_app(tmp_path, monkeypatch, "[en, de]") as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json(prompt("Können wir Deutsch sprechen?"))  # Twilio heard it as en-US: the session is en
+        said = heard(ws)
+        assert said[0] == GERMAN and "".join(m["token"] for m in said[1:]).strip() == "Gern, auf Deutsch."
+        ws.send_json({**prompt("Zwei Karten"), "lang": "de-DE"})
+        assert {m["type"] for m in heard(ws)} == {"text"}  # Twilio speaks German already: no switch
+    assert fake.requests[-1]["messages"][0]["content"] == "Du verkaufst Karten."
+
+
+@pytest.mark.parametrize(("lang", "switched"), [("en-US", [GERMAN]), ("de-AT", [])])
+def test_a_bot_whose_only_locale_twilio_does_not_speak_switches_it_before_its_first_word(
+        tmp_path, fake, monkeypatch, lang, switched):
+    """A German-only bot on a call Twilio set up in English: the session speaks German (its only
+    locale), so Twilio is told to before the first reply; a call in Austrian German stays as it is."""
+    fake.queue({"text": "Guten Tag."})
+    with _speak_app(tmp_path, monkeypatch, "[de]") as client, client.websocket_connect(relay_path(client)) as ws:
+        ws.send_json(setup())
+        ws.send_json({**prompt("Hallo"), "lang": lang})
+        said = heard(ws)
+        assert said[:len(switched)] == switched
+        assert "".join(m["token"] for m in said[len(switched):]).strip() == "Guten Tag."
+
+
+
+@pytest.mark.parametrize(("tags", "language"), [(["de"], 'language="de-DE"'), (["en", "de"], 'language="en-US"'),
+                                                (["de-AT", "en"], 'language="de-AT"'), (None, None)])
+def test_the_twiml_sets_twilios_language_to_the_bots_first_locale(tmp_path, fake, monkeypatch, tags, language):
+    """Twilio heard the first prompt of a German bot's call in its default English (and said the
+    greeting with an English voice): the TwiML names the bot's first locale, with its likely
+    region, so the caller's first words are heard in it. A bot without `locales:` leaves Twilio's
+    own setting."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    if tags is None:
+        (tmp_path / "bot.yaml").write_text(BOT)
+    else:
+        (tmp_path / "bot.yaml").write_text(SPEAK_BOT.replace("LOCALES", f"[{', '.join(tags)}]")
+                                           .replace("enum: [en, de]", f"enum: [{tags[0]}]"))
+        (tmp_path / "locales").mkdir()
+        for tag in tags:
+            (tmp_path / "locales" / f"{tag}.yaml").write_text("prompt: Hi.\n")
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
+    assert re.findall(r'language="[^"]*"', twiml) == ([language] if language else [])

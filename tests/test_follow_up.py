@@ -220,3 +220,24 @@ def test_a_conversation_handed_to_the_operators_gets_no_follow_up_while_it_waits
     assert [i.kind for i in session.pending] == ["takeover"] and session.taken_over is None
     assert session.next_due is None
     assert messages(at(session, hours=5).chat(Expire())) == []
+
+
+@pytest.mark.parametrize(("declared", "locale", "language"), [
+    ("", "de", "de"),  # none declared: the session's own, as WhatsApp spells it
+    ("", "pt-BR", "pt_BR"),
+    (", language: en", "de", "en"),  # declared: as declared
+])
+def test_a_whatsapp_template_without_a_language_is_sent_in_the_sessions_locale(write_bot, declared, locale, language):
+    """The template's language was `en` whatever the session spoke: a German user, whose every
+    other message was German, got the English template (WhatsApp approves one per language,
+    under one name). Without `language:` it is now the session's locale."""
+    text = BOOKING.replace("locales: [en]", "locales: [en, de, pt-BR]").replace(
+        "after: 2h", "after: 25h\n      whatsapp_template: {name: booking_reminder" + declared + "}")
+    path = write_bot(text)
+    (path.parent / "locales").mkdir(exist_ok=True)
+    for tag in ("en", "de", "pt-BR"):
+        (path.parent / "locales" / f"{tag}.yaml").write_text(f"nudge: ({tag}) {{name}}?\n")
+    meta = {REPLY_TO: {"sink": "channel:whatsapp", "address": {"to": "4917"}}, "locale": locale}
+    session, _ = in_wizard(chatrun.load_bot(path), meta=meta)
+    events = at(session, hours=25).chat(Expire())
+    assert events[0].meta["whatsapp_template"] == {"name": "booking_reminder", "language": language}

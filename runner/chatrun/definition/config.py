@@ -494,7 +494,7 @@ class RouteConfig:
 class FollowUpConfig:
     """A route's `follow_up:` (docs/format.md, "Follow-ups"): `message` (a template) goes to the
     user once, `after` seconds of their silence on the route; `whatsapp_template` (name,
-    language) replaces it on WhatsApp past the platform's 24-hour window."""
+    language; "" for the session's locale) replaces it on WhatsApp past the platform's 24-hour window."""
 
     after: float
     message: str

@@ -909,7 +909,8 @@ def _follow_up(raw: Any, doc: YamlDoc, path: tuple) -> FollowUpConfig | None:
         return None
     template = _dict(raw.get("whatsapp_template"))
     name = _str(template.get("name"))
-    return FollowUpConfig(after, raw["message"], (name, _str(template.get("language")) or "en") if name else None,
+    # (language "": the session's locale, engine/follow_up.py)
+    return FollowUpConfig(after, raw["message"], (name, _str(template.get("language")) or "") if name else None,
                           _loc(doc, path))
 
 

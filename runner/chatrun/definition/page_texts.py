@@ -17,6 +17,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from chatrun.events import MODEL_FAILED_TEXT, TURN_FAILED_TEXT
+
 if TYPE_CHECKING:
     from chatrun.definition.catalogs import Catalogs
 
@@ -111,6 +113,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         # After a failed turn in which tools with an outside effect ran: the text is not given back.
         "failed_kept_out": "Your message is not back in the box: sending it again would run {tools} again.",
         # A failed turn in which a tool that may change something ran (engine/session.py _failed_text).
+        "turn_failed": TURN_FAILED_TEXT,
+        "model_failed": MODEL_FAILED_TEXT,
         "failed_after_effect": "Sorry, your last message could not be handled and was not saved, but {tools} ran: please check what it did before asking again.",
         # A message larger than the route's whole memory (engine/turn.py sent_whole): no model reads it.
         "message_too_long": "Sorry, your message is too long for me to read. Nothing of it was kept; please shorten it or send it in parts.",
@@ -312,6 +316,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "lost_turn": "Die Verbindung brach vor der Antwort ab: Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "failed_turn": "Ihre Nachricht steht wieder im Eingabefeld, zum erneuten Senden.",
         "failed_kept_out": "Ihre Nachricht steht nicht wieder im Eingabefeld: Erneutes Senden würde {tools} noch einmal ausführen.",
+        "turn_failed": "Entschuldigung, etwas ist schiefgegangen und Ihre letzte Nachricht konnte nicht bearbeitet werden. Nichts davon wurde gespeichert; bitte versuchen Sie es erneut.",
+        "model_failed": "Entschuldigung, der Assistent kann gerade nicht antworten. Nichts von Ihrer letzten Nachricht wurde gespeichert; bitte versuchen Sie es erneut.",
         "failed_after_effect": "Entschuldigung, Ihre letzte Nachricht konnte nicht bearbeitet werden und wurde nicht gespeichert, aber {tools} wurde ausgeführt: Bitte prüfen Sie das Ergebnis, bevor Sie erneut fragen.",
         "message_too_long": "Entschuldigung, Ihre Nachricht ist zu lang für mich. Nichts davon wurde gespeichert; bitte kürzen Sie sie oder senden Sie sie in Teilen.",
         "unreadable": "{name} kann nicht gelesen werden",
@@ -502,6 +508,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "lost_turn": "انقطع الاتصال قبل الرد: رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "failed_turn": "رسالتك عادت إلى مربع الكتابة لإرسالها مرة أخرى.",
         "failed_kept_out": "لم تُعَد رسالتك إلى مربع الكتابة: إرسالها مرة أخرى سيُنفِّذ {tools} مجددًا.",
+        "turn_failed": "عذرًا، حدث خطأ وتعذّرت معالجة رسالتك الأخيرة. لم يُحفظ شيء منها؛ يُرجى المحاولة مرة أخرى.",
+        "model_failed": "عذرًا، لا يستطيع المساعد الرد الآن. لم يُحفظ شيء من رسالتك الأخيرة؛ يُرجى المحاولة مرة أخرى.",
         "failed_after_effect": "عذرًا، تعذّرت معالجة رسالتك الأخيرة ولم تُحفظ، لكن {tools} نُفِّذ: يُرجى التحقق مما حدث قبل أن تطلب مرة أخرى.",
         "message_too_long": "عذرًا، رسالتك أطول من أن أقرأها. لم يُحفظ شيء منها؛ يُرجى اختصارها أو إرسالها على أجزاء.",
         "unreadable": "تعذّرت قراءة {name}",

@@ -99,9 +99,15 @@ def fire(t: TurnContext, now: datetime) -> None:
     text = t.render_template(config.message, "follow_up message", config.where)
     meta: dict[str, Any] = {"from": "follow_up", "route": route}
     if template is not None:
-        meta["whatsapp_template"] = {"name": template[0], "language": template[1]}
+        meta["whatsapp_template"] = {"name": template[0], "language": template[1] or whatsapp_language(c.locale)}
     t.emit(ev.MESSAGE, text, meta=meta, audience=ev.USER)
     c.memory_for(c.scope, route).add(AssistantMessage(text))
+
+
+def whatsapp_language(locale: str | None) -> str:
+    """A template's language when the bot names none: the session's locale as WhatsApp spells
+    its codes (pt-BR is pt_BR), `en` for a bot without `locales:`."""
+    return locale.replace("-", "_") if locale else "en"
 
 
 def _past_whatsapp_window(c: Conversation, armed_now: Mapping[str, Any], now: datetime) -> float | None:

@@ -843,13 +843,13 @@ class Session:
             raise
         except ModelError as exc:
             self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn,
-                       ev.MODEL_FAILED_TEXT)
+                       self._page_text("model_failed"))
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
             self._fail(before, entry, collected, str(exc), turn, self._told(exc))
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
             self._log_internal(exc, turn.kept_text(detail))
-            self._fail(before, entry, collected, detail, turn)
+            self._fail(before, entry, collected, detail, turn, self._page_text("turn_failed"))
         except BaseException as exc:  # KeyboardInterrupt and the like: roll back, then let it go on
             self._rollback(before, entry | {"ok": False, "error": f"interrupted: {type(exc).__name__}",
                                             "events": _plain(collected)}, turn)
@@ -878,7 +878,7 @@ class Session:
         return guardrails.kept_strings(entry, redact), stored
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
-              text: str = ev.TURN_FAILED_TEXT) -> None:
+              text: str) -> None:
         """The turn failed: the user gets a safe Error text (no file paths, exception names or
         stack details); the author gets `detail` in the Error event's meta, the history and the log."""
         # The detail may quote what a handler or a backend raised (a card number, an email): the
@@ -920,11 +920,14 @@ class Session:
         return list(dict.fromkeys(e["tool"] for e in _effects(self.bot.config, turn.tool_calls)
                                   if tools[e["tool"]].kinds))
 
+    def _page_text(self, key: str, **args: object) -> str:
+        """chatrun's text `key` in the session's locale (a bot's `page.<key>` replaces it)."""
+        return said(page_texts(self.bot.config.catalogs, self.locale), key, **args)
+
     def _told(self, exc: ChatrunError) -> str:
-        """What the user reads of a failed turn: the error's own page text (MessageTooLong's, in the
-        session's locale) where it has one, else that something went wrong."""
-        key = getattr(exc, "page_text", None)
-        return said(page_texts(self.bot.config.catalogs, self.locale), key) if key else ev.TURN_FAILED_TEXT
+        """What the user reads of a failed turn: the error's own page text (MessageTooLong's) where
+        it has one, else that something went wrong (`turn_failed`); in the session's locale."""
+        return self._page_text(getattr(exc, "page_text", None) or "turn_failed")
 
     def _failed_text(self, text: str, ran: list[str]) -> str:
         """What the user is told of a failed turn: `text` ("nothing was kept") when no tool with an
@@ -933,7 +936,7 @@ class Session:
         shows this Error's text."""
         if not ran:
             return text
-        return said(page_texts(self.bot.config.catalogs, self.locale), "failed_after_effect", tools=", ".join(ran))
+        return self._page_text("failed_after_effect", tools=", ".join(ran))
 
     def _log_internal(self, exc: Exception, detail: str) -> None:
         """Log an internal error with its stack; on a bot with `guardrails:` or secret variables the

@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from chatrun import events as ev
+from chatrun.definition.page_texts import page_texts
 from chatrun.engine.pending import Answer, Reject
 from chatrun.server import wire
 from chatrun.server.auth import Principal
@@ -89,9 +90,18 @@ async def run_agent(bot: str, request: Request, who: Caller, registry: Registry)
     message, request_id = _input_of(run, limits_of(request))
     registry.bot(bot)  # an unknown bot is a 404 before the stream starts
     encoder = EventEncoder(accept=request.headers.get("accept") or "text/event-stream")
-    turn = DetachedTurn(functools.partial(_run, registry, bot, who, run, message, request_id, encoder.encode))
+    start = functools.partial(_run, registry, bot, who, run, message, request_id, encoder.encode, _locale_of(run, request))
+    turn = DetachedTurn(start)
     return StreamingResponse(_frames(turn), media_type=encoder.get_content_type(),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _locale_of(run: Any, request: Request) -> str | None:
+    """The locale a new session speaks (docs/i18n.md): the run's `forwardedProps.locale` (a
+    front end's word), else the request's Accept-Language (the browser's)."""
+    props = run.forwarded_props
+    wanted = props.get("locale") if isinstance(props, dict) else None
+    return wanted if isinstance(wanted, str) and wanted else request.headers.get("accept-language")
 
 
 async def _frames(turn: DetachedTurn) -> AsyncIterator[str]:
@@ -142,12 +152,12 @@ def _text(content: Any) -> str:
 
 
 async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: Any, message: Any,
-               request_id: str, encode: Any, emit: Emit) -> None:
+               request_id: str, encode: Any, locale: str | None, emit: Emit) -> None:
     from ag_ui.core import RunErrorEvent, RunFinishedEvent, RunStartedEvent
 
     emit(encode(RunStartedEvent(thread_id=run.thread_id, run_id=run.run_id)))
     try:
-        async with registry.session(bot, run.thread_id, who, OPEN) as session:
+        async with registry.session(bot, run.thread_id, who, OPEN, locale=locale) as session:
             turn = registry.turn(session, message, request_id, asks=request_asks(message))
             events = _Translator(encode, emit)
             replay = await _is_replay(turn, request_id)
@@ -166,7 +176,8 @@ async def _run(registry: SessionRegistry, bot: str, who: Principal | None, run: 
                 events.add(ev.Event(ev.MESSAGE, operator_text(session), session.turn_count, {"from": "chatrun"}))
                 events.close()
             if not turn.entry.get("ok"):
-                emit(encode(RunErrorEvent(message=events.failure or ev.TURN_FAILED_TEXT, code="TurnFailed")))
+                failure = events.failure or page_texts(session.bot.config.catalogs, session.locale)["turn_failed"]
+                emit(encode(RunErrorEvent(message=failure, code="TurnFailed")))
                 return
             emit(encode(RunFinishedEvent(thread_id=run.thread_id, run_id=run.run_id, outcome=events.outcome())))
     except wire.RequestFailed as exc:

@@ -179,7 +179,7 @@ async def create_session(bot: str, request: Request, who: Caller, registry: Regi
     if state:
         check_initial_state(state, registry.bot(bot).config.state)
     version = request.headers.get(VERSION_HEADER)  # a tester's pick (docs/versions.md, "Canaries")
-    locale = request.headers.get("accept-language")  # the session's locale (docs/i18n.md)
+    locale = wanted_locale(request)  # the session's locale, as GET /bots/{bot} reads it (docs/i18n.md)
     async with registry.session(bot, session_id, who, NEW, route=route, state=state, version=version,
                                 locale=locale) as session:
         return session_data(session, who.roles if who is not None else ())

@@ -391,6 +391,13 @@ class TurnRequest:
         return [t for _, t in self.ident.earlier] + [self.text]
 
 
+def turn_failed(result: TurnResult) -> OpenAIError:
+    """500 `turn_failed`: the `message` is what the user reads of the failed turn (its Error text,
+    in the session's locale; docs/format.md "When a turn fails"), with no English before it: a
+    client shows it as it is, a program reads the `code`."""
+    return OpenAIError(500, str(result.error), "server_error", "turn_failed")
+
+
 # -- Chat Completions ------------------------------------------------------------------------------
 
 
@@ -464,7 +471,7 @@ class ChatCompletion(TurnRequest):
     async def answer(self) -> JSONResponse:
         result = await self.run(None)
         if not result.ok:
-            raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
+            raise turn_failed(result)
         content = result.reply.json_text() if self.as_json else result.reply.text
         annotations = [] if self.as_json else _chat_annotations(result.reply)
         return QuickJSONResponse({
@@ -525,7 +532,7 @@ class ChatCompletion(TurnRequest):
             log.exception("chat completion turn failed")
             return ["data: " + json.dumps(OpenAIError(500, f"internal server error: {exc}", "server_error").body()) + "\n\n"]
         if not result.ok:
-            failed = OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
+            failed = turn_failed(result)
             return ["data: " + json.dumps(failed.body()) + "\n\n"]
         frames = [self.chunk({"content": result.reply.json_text()})] if self.as_json else []
         annotations = [] if self.as_json else _chat_annotations(result.reply)
@@ -637,7 +644,7 @@ class ResponseRequest(TurnRequest):
     async def answer(self) -> JSONResponse:
         result = await self.run(None)
         if not result.ok:
-            raise OpenAIError(500, f"the turn failed: {result.error}", "server_error", "turn_failed")
+            raise turn_failed(result)
         return QuickJSONResponse(self.response_object("completed", result, result.reply.text),
                        headers={"X-Chatrun-Session": result.session["session"]})
 
@@ -670,7 +677,7 @@ class ResponseRequest(TurnRequest):
         """The stream's last events: response.failed, or the done events and response.completed."""
         try:
             result: TurnResult = turn.task.result()
-            failure = None if result.ok else f"the turn failed: {result.error}"
+            failure = None if result.ok else turn_failed(result).message
         except (OpenAIError, wire.RequestFailed) as exc:
             failure = exc.message
         except Exception as exc:  # reported to the client, logged here

@@ -386,8 +386,8 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
         # The platform's retry of the message that ran in the session before (its `end`, say),
         # delivered after the next message moved on: replayed there, not run again here.
         session_id = str(found["before"])
-    while not await _run(registry, channels, channel, bot, session_id, inbound):
-        ended, session_id = session_id, session_after(session_id)
+    while (after := await _run(registry, channels, channel, bot, session_id, inbound)) is not None:
+        ended, session_id, inbound = session_id, session_after(session_id), after
         # Deleted with the session it names: it keeps the chat's id (its key), which an erasure takes too.
         await store.put_record(key, {"session": session_id, "before": ended}, session_id)
     try:
@@ -397,8 +397,9 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
 
 
 async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKind, bot: str, session_id: str,
-               inbound: Inbound) -> bool:
-    """The message's turn in the session; False when that conversation has ended (nothing ran).
+               inbound: Inbound) -> Inbound | None:
+    """The message's turn in the session; when that conversation has ended (nothing ran), the
+    message as the next session reads it (`_carried`), else None.
     A refusal that another try cannot change is logged and dropped, so the platform does not
     deliver it again forever; a failure another try may heal (the store is down, a version this
     replica lacks, the session busy) is the platform's to retry: 5xx or 429. A message over
@@ -420,12 +421,12 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
             # fetched, run or told again.
             replay = await run.is_replay()
             if session.ended is not None and not replay:  # (the ending turn's retry replays)
-                return False
+                return _carried(session, inbound)
             told = None if replay else _told_instead(channels, session, inbound, answered)
             if told is not None:  # no turn: the user is told why, once
                 log.info("channel %s of bot %s: delivery %s: no turn: %s", kind, bot, inbound.delivery, told[1])
                 await run.notice(*told)
-                return True
+                return None
             if inbound.files and not replay:
                 try:
                     run = registry.turn(session, await _attached(channels, channel, session, inbound), request_id)
@@ -433,7 +434,7 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
                     log.warning("channel %s of bot %s: delivery %s: its files are refused: %s",
                                 kind, bot, inbound.delivery, exc)
                     await run.notice(_file_notice(session, exc), str(exc))
-                    return True
+                    return None
             streamer = await _streamer(channels, channel, session, inbound, run)
             async for event in run:  # the events reach the user through the outbox, after the commit
                 if streamer is not None:
@@ -445,7 +446,15 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc.message)
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
-    return True
+    return None
+
+
+def _carried(session: Session, inbound: Inbound) -> Inbound:
+    """A message for the session after an ended one, in the language its user chose there (the
+    bot's `state.locale`, docs/i18n.md), which the platform may not say (WhatsApp says none) or
+    says otherwise (their app's language): the same person keeps their language."""
+    chosen = session.state.get("locale")
+    return dataclasses.replace(inbound, locale=chosen) if isinstance(chosen, str) and chosen else inbound
 
 
 def _told_instead(channels: Channels, session: Session, inbound: Inbound,

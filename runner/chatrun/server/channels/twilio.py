@@ -268,6 +268,9 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     attributes = f"url={quoteattr(relay_url)} dtmfDetection=\"true\""
     if greeting:
         attributes += f" welcomeGreeting={quoteattr(greeting)}"
+    catalogs = channel.bot.catalogs  # the bot's first locale: what the caller's first words are heard in
+    if catalogs is not None:
+        attributes += f" language={quoteattr(speech_language(catalogs.default))}"
     action = quoteattr(f"{base}/channels/{bot}/{KIND}/ended")
     return _twiml(f"<Connect action={action}><ConversationRelay {attributes}/></Connect>")
 
@@ -330,6 +333,23 @@ class Spoken:
     digits: dict[str, str] = field(default_factory=dict)
 
 
+def same_language(locale: str, other: str | None) -> bool:
+    """Whether two BCP 47 tags name the same language (de and de-AT do)."""
+    return other is not None and locale.replace("_", "-").split("-")[0].lower() == other.split("-")[0].lower()
+
+
+def speech_language(locale: str) -> str:
+    """The tag Twilio speaks `locale` in: as written when it names a region (de-AT), else with
+    the region CLDR finds likely for its language (de: de-DE, en: en-US, ar: ar-EG)."""
+    parts = locale.replace("_", "-").split("-")
+    if len(parts) > 1:
+        return "-".join(parts)
+    from babel.core import get_global  # only a bot with locales: has a locale
+
+    likely = str(get_global("likely_subtags").get(parts[0].lower()) or "").split("_")
+    return f"{parts[0].lower()}-{likely[-1]}" if len(likely) > 1 and len(likely[-1]) == 2 else locale
+
+
 class Call:
     """One relay socket of a call: Twilio's messages in, the turns' tokens out (module doc)."""
 
@@ -345,7 +365,7 @@ class Call:
         self.heard: str | None = None  # a note for the next prompt: what the interrupted caller heard
         self.digits: dict[str, str] = {}  # the choices just offered, by digit
         self.first = True  # the socket's first prompt may be Twilio re-sending a committed one
-        self.locale: str | None = None
+        self.locale: str | None = None  # the call's language, as Twilio last said it (a prompt's `lang`)
         self.heard_through: int | None = None  # the session's last turn the caller heard (catch_up)
 
     async def run(self) -> None:
@@ -459,6 +479,7 @@ class Call:
         self.first = False  # (a prompt sent again after a dropped socket would have been its first)
         try:
             async with self.session() as session:
+                await self.agree(session)
                 await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars,
                                                spoken=True))
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:
@@ -523,10 +544,20 @@ class Call:
             return {"reason": "ended"}
         return None
 
+    async def agree(self, session: Any) -> None:
+        """Before words in the session's locale: when Twilio speaks and hears another language (a
+        bot's only locale the call was not set up in, a bot switching with `state.locale`), its
+        `language` message switches both, to the locale with its likely region (`speech_language`)."""
+        wanted = session.locale
+        if wanted and not same_language(wanted, self.locale):
+            self.locale = speech_language(wanted)
+            await self.send({"type": "language", "ttsLanguage": self.locale, "transcriptionLanguage": self.locale})
+
     async def speak(self, event: ev.Event, spoken: Spoken) -> None:
         """One of the turn's events, as tokens: streamed chunks as they come, a message not
-        streamed whole, choices read aloud with their digits."""
+        streamed whole, choices read aloud with their digits; in the session's language (`agree`)."""
         kind, data = event.type, event.data
+        await self.agree(spoken.session)
         if kind == ev.STREAM and isinstance(data, str):
             spoken.text += data
             await self.say(data)
