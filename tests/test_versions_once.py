@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 
 import openai
+import pytest
 from fastapi.testclient import TestClient
 
 from server_support import app_for_testclient as create_app
 from versions_support import started_on_version_1, write_versions
+from webhook_support import Receiver
 
 V1 = """\
 name: desk
@@ -134,3 +136,62 @@ def test_a_regenerated_answer_forked_from_before_a_migration_does_not_run_the_re
         assert tool_results(fake)[-1] == DONE.replace("(turn 1)", "(turn 2)")  # the original's turn 2
         state = both.get(f"/bots/desk/sessions/{forked['session']}").json()["state"]
     assert state["refunded"] == 0  # the fork's state is of before the refund, and the call did not run in it
+
+
+ORDER_V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order (the shop's refund service)
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    http: {url: "RECEIVER/refunds", method: POST, json: {order: "{{ args.order }}"}}
+"""
+ORDER_V2 = """\
+name: desk
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+migrations:
+  - from: "1"
+    tools: {refund: pay_back}
+    arguments: {pay_back: {rename: {order: order_id}, default: {reason: none given}}}
+routes:
+  main: {default: true, system: Refund orders., tools: [pay_back]}
+tools:
+  pay_back:
+    description: Refund an order (the shop's refund service)
+    parameters: {type: object, properties: {order_id: {type: string}, reason: {type: string}}, required: [order_id]}
+    http: {url: "RECEIVER/refunds", method: POST, json: {order: "{{ args.order_id }}"}}
+"""
+
+
+@pytest.mark.slow  # the shop's refund service: a server on a loopback port
+def test_a_retry_after_the_deploy_of_a_version_that_renames_the_tool_sends_the_same_idempotency_key(fake, tmp_path):
+    """The first attempt of a /v1 request runs under version 1: the refund is POSTed, then the
+    model fails and the turn is rolled back (HTTP 500). Version 2, which renames the tool and its
+    argument, is deployed; the client's retry (its Idempotency-Key) moves the session in the turn it
+    runs again, and the model makes the same refund under the new names: it must carry the same
+    Idempotency-Key, or the service that dedupes by it refunds twice. It carried another."""
+    with Receiver() as receiver:
+        root = write_versions(tmp_path / "desk", {label: text.replace("RECEIVER", receiver.url)
+                                                  for label, text in (("1", ORDER_V1), ("2", ORDER_V2))})
+        store = f"sqlite:///{tmp_path / 'sessions.db'}"
+        asked, key = [{"role": "user", "content": "refund A1"}], {"Idempotency-Key": "refund-A1"}
+        fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]},
+                   {"status": 400, "body": "the model broke"})
+        with TestClient(create_app(str(root / "versions" / "1"), store)) as v1, sdk(v1) as client:
+            with pytest.raises(openai.InternalServerError):
+                client.chat.completions.create(model="desk", messages=asked, extra_headers=key)
+        fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "reason": "none given"}}]},
+                   {"text": "Refunded."})
+        with TestClient(create_app(str(root), store)) as both, sdk(both) as client:
+            reply = client.chat.completions.create(model="desk", messages=asked, extra_headers=key)
+            session = both.get(f"/bots/desk/sessions/{reply.model_extra['chatrun']['session']}").json()
+    assert reply.choices[0].message.content == "Refunded."
+    assert session["history"][-1]["moved"]["to"] == session["botVersion"]  # the retry's turn moved it
+    keys = [d.headers["idempotency-key"] for d in receiver.seen()]
+    assert len(keys) == 2 and keys[0] == keys[1], keys

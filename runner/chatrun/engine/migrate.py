@@ -325,6 +325,25 @@ class _DoneCalls:
         return out
 
 
+def spelled_before(moved_by: tuple[MigrationConfig, ...], tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    """A call of the new version as the version the migrations `moved_by` left spells it: its tool
+    and its arguments renamed back, the ones a migration defaulted left out when they hold the
+    default (an argument a migration dropped cannot be given back). What its idempotency key is made
+    of in the turn that moves the session: that turn may be the retry of one the old version ran."""
+    spelled = dict(args)
+    for m in reversed(moved_by):
+        changes = m.arguments.get(tool)
+        if changes is not None:
+            for name, value in changes.default.items():
+                if spelled.get(name) == value:
+                    spelled.pop(name)
+            for old, new in changes.rename.items():
+                if new in spelled:
+                    spelled[old] = spelled.pop(new)
+        tool = next((old for old, new in m.tools.items() if new == tool), tool)
+    return tool, spelled
+
+
 def _renamed_path(path: str, renames: dict[str, str]) -> str:
     """A path (`state.a.b`) with a renamed path it is, or is under, replaced."""
     for source, target in renames.items():

@@ -832,7 +832,7 @@ class Session:
                 self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
-            self._moved = None
+            self._moved, self._c.moved_by = None, ()
             self._save_remembered()
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
             self._reopened(before, collected, turn)  # as a failed turn: the items it resolved wait again
