@@ -6,12 +6,11 @@ new version's call. Real apps on a real SQLite file, the fake OpenAI server."""
 
 from __future__ import annotations
 
-import json
-
 import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from chatrun.server.openai_api import OpenAIOptions
 from server_support import app_for_testclient as create_app
 from versions_support import started_on_version_1, write_versions
 from webhook_support import Receiver
@@ -96,7 +95,6 @@ def test_the_same_refund_for_another_order_after_the_migration_still_runs(fake, 
         assert both.post("/bots/desk/sessions/s/messages", json={"userMessage": "and B2"}).json()["ok"]
         state = both.get("/bots/desk/sessions/s").json()["state"]
     assert tool_results(fake)[-1] == "Refunded 30 on B2" and state["refunded"] == 60
-    assert json.dumps(state)  # the state is plain JSON
 
 
 def sdk(http: TestClient) -> openai.OpenAI:
@@ -193,5 +191,51 @@ def test_a_retry_after_the_deploy_of_a_version_that_renames_the_tool_sends_the_s
             session = both.get(f"/bots/desk/sessions/{reply.model_extra['chatrun']['session']}").json()
     assert reply.choices[0].message.content == "Refunded."
     assert session["history"][-1]["moved"]["to"] == session["botVersion"]  # the retry's turn moved it
+    keys = [d.headers["idempotency-key"] for d in receiver.seen()]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
+
+
+def test_a_chats_first_message_sent_again_after_a_deploy_does_not_run_the_refund_again(fake, tmp_path):
+    """A front end's chat (its chat id header) refunds in its first answer under version 1; after
+    version 2 is deployed, the user sends the first message again in that chat: a new session, on
+    version 2, takes up the chat's start and the calls done there, under version 2's names."""
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    asked, chat_id = [{"role": "user", "content": "refund 30 on A1"}], {"X-Chat-Id": "chat-1"}
+    options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 30}}]}, {"text": "Refunded."})
+    with TestClient(create_app(str(root / "versions" / "1"), store, **options)) as v1, sdk(v1) as client:
+        client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+    fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}}]},
+               {"text": "It was refunded already."})
+    with TestClient(create_app(str(root), store, **options)) as both, sdk(both) as client:
+        again = client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+        assert again.model_extra["chatrun"]["how"] == "forked", again.model_extra
+        state = both.get(f"/bots/desk/sessions/{again.model_extra['chatrun']['session']}").json()["state"]
+    assert tool_results(fake)[-1] == DONE
+    assert state["refunded"] == 0  # a new session: the refund was not run in it
+
+
+@pytest.mark.slow  # the shop's refund service: a server on a loopback port
+def test_a_chats_first_message_sent_again_after_a_deploy_sends_the_first_answers_idempotency_key(fake, tmp_path):
+    """The same, for a call that runs again (`effect: idempotent`): the chat's first session POSTed
+    `refund(order)` under version 1; the first message sent again after the deploy makes
+    `pay_back(order_id)` in a new session on version 2, keyed as the chat's (docs/tools.md,
+    "Idempotency keys"): the same key, so the shop that dedupes by it refunds once."""
+    options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
+    asked, chat_id = [{"role": "user", "content": "refund A1"}], {"X-Chat-Id": "chat-1"}
+    with Receiver() as receiver:
+        texts = {label: text.replace("RECEIVER", receiver.url).replace("    http:", "    effect: idempotent\n    http:")
+                 for label, text in (("1", ORDER_V1), ("2", ORDER_V2))}
+        root = write_versions(tmp_path / "desk", texts)
+        store = f"sqlite:///{tmp_path / 'sessions.db'}"
+        fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]}, {"text": "Refunded."})
+        with TestClient(create_app(str(root / "versions" / "1"), store, **options)) as v1, sdk(v1) as client:
+            client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+        fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "reason": "none given"}}]},
+                   {"text": "Refunded."})
+        with TestClient(create_app(str(root), store, **options)) as both, sdk(both) as client:
+            again = client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+    assert again.model_extra["chatrun"]["how"] == "forked", again.model_extra
     keys = [d.headers["idempotency-key"] for d in receiver.seen()]
     assert len(keys) == 2 and keys[0] == keys[1], keys

@@ -285,6 +285,21 @@ class _Migration:
         self.result.memories = {mid: ms for mid, ms in self.result.memories.items() if mid in live}
 
 
+def chain_from(old: BotConfig, new: BotConfig) -> tuple[MigrationConfig, ...]:
+    """The migrations a session of `old` goes through to `new` (none: the same version)."""
+    return () if old.content_version == new.content_version else tuple(applying(new.migrations, old.version))
+
+
+def done_calls_of(entries: Any, chain: tuple[MigrationConfig, ...], new: BotConfig) -> list[str]:
+    """A record of calls done once made under an older version, for a session of `new` that takes
+    it up (a `/v1` chat's first message sent again after a deploy: engine/session.py `take_up`):
+    each call renamed by the migrations `chain`."""
+    done = _DoneCalls(entries)
+    for m in chain:
+        done.apply(m)
+    return done.entries(new) if done.changed else done.kept
+
+
 class _DoneCalls:
     """The record of calls done once (engine/once.py) through the migrations: each call's tool,
     arguments and the paths it acts on renamed as the bot's, so the same call under the new
