@@ -40,6 +40,7 @@ from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
 from chatrun.engine.guardrails import Guardrails
+from chatrun.engine.migrate import spelled_before
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
@@ -343,8 +344,11 @@ class ToolCalls:
         ran before in this turn. A turn run again — retried after a failure, or a decision retried
         on another replica after the first died — has the same number and makes the same calls,
         so each gets its key again; any other call gets another. The model's call id is left out:
-        most servers make a new random one for each answer, even the same answer again."""
-        call = json.dumps([tool.name, args], sort_keys=True, default=str, separators=(",", ":"))
+        most servers make a new random one for each answer, even the same answer again. In the turn
+        that moves the session to another version, the call as the version it left spells it
+        (`spelled_before`): that turn may be the retry of an attempt the old version ran."""
+        spelled = spelled_before(self.t.c.moved_by, tool.name, args) if self.t.c.moved_by else (tool.name, args)
+        call = json.dumps(list(spelled), sort_keys=True, default=str, separators=(",", ":"))
         occurrence = self.made[call] = self.made.get(call, 0) + 1
         identity = f"{self.t.c.keyed_as}\n{self.t.number}\n{occurrence}\n{call}"
         return hashlib.sha256(identity.encode()).hexdigest()[:32]

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from chatrun import events as ev
-from chatrun.definition.config import BotConfig, RouteConfig
+from chatrun.definition.config import BotConfig, MigrationConfig, RouteConfig
 from chatrun.definition.templates import CATALOGS_KEY, render, render_value
 from chatrun.engine.clock import SYSTEM_CLOCK, Clock, session_zone
 from chatrun.engine.pending import (
@@ -100,7 +100,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry", "unscreened")
+                 "remembered", "unknown", "retry", "unscreened", "moved_by")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -145,6 +145,9 @@ class Conversation:
         # The calls of `once` tools done so far, oldest first (engine/once.py): replaced, never
         # changed in place, like `pending`.
         self.done_calls: tuple[str, ...] = ()
+        # The migrations a move to another version applied, until the turn that moves commits: that
+        # turn's calls are keyed as the version it left spells them (engine/call.py `call_key`).
+        self.moved_by: tuple[MigrationConfig, ...] = ()
         # The armed follow-up (engine/follow_up.py): {"due", "route", "since"}; replaced, never changed in place.
         self.follow_up: dict[str, Any] | None = None
         # The outcome (engine/outcomes.py): recorded {"name", ...} or armed {"due", "since"}; replaced, never changed in place.

@@ -23,6 +23,8 @@ from typing import Any
 
 from chatrun.definition.config import BotConfig, KeyChanges, MigrationConfig
 from chatrun.definition.migrations import applying, split_state_path
+from chatrun.engine import once
+from chatrun.engine.conversation import DONE_CALLS_KEY
 from chatrun.engine.pending import PENDING_KEY
 from chatrun.engine.scopes import Scope, init_declared
 from chatrun.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
@@ -91,6 +93,7 @@ class _Migration:
         self.scopes = [Scope.from_dict(d) for d in snapshot.get("scopes", [])]
         self.state: dict[str, Any] = snapshot.setdefault("state", {})
         self.result = MigrationResult(snapshot, memories)
+        self.done = _DoneCalls(snapshot.get(DONE_CALLS_KEY))
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
@@ -111,6 +114,7 @@ class _Migration:
             self.drop_path(path, where)
         for path, value in m.state.default.items():
             self.default_path(path, value, where)
+        self.done.apply(m)
 
     # -- routes and scopes -------------------------------------------------------------------
 
@@ -274,8 +278,93 @@ class _Migration:
                 continue
             init_declared(scope, route.scope.local, route.scope.shared)
         snapshot["scopes"] = [s.to_dict() for s in self.scopes]
+        if self.done.changed:
+            snapshot[DONE_CALLS_KEY] = self.done.entries(self.new)
+            self.note(f"{self.done.changed} call(s) done once recorded under their new tool, arguments or paths")
         live = {mid for s in self.scopes for mid in s.memory_ids()}
         self.result.memories = {mid: ms for mid, ms in self.result.memories.items() if mid in live}
+
+
+def chain_from(old: BotConfig, new: BotConfig) -> tuple[MigrationConfig, ...]:
+    """The migrations a session of `old` goes through to `new` (none: the same version)."""
+    return () if old.content_version == new.content_version else tuple(applying(new.migrations, old.version))
+
+
+def done_calls_of(entries: Any, chain: tuple[MigrationConfig, ...], new: BotConfig) -> list[str]:
+    """A record of calls done once made under an older version, for a session of `new` that takes
+    it up (a `/v1` chat's first message sent again after a deploy: engine/session.py `take_up`):
+    each call renamed by the migrations `chain`."""
+    done = _DoneCalls(entries)
+    for m in chain:
+        done.apply(m)
+    return done.entries(new) if done.changed else done.kept
+
+
+class _DoneCalls:
+    """The record of calls done once (engine/once.py) through the migrations: each call's tool,
+    arguments and the paths it acts on renamed as the bot's, so the same call under the new
+    version is still the call done, and is not run again. An entry without its parts (recorded
+    by an older chatrun) stays as it was."""
+
+    def __init__(self, entries: Any):
+        self.kept: list[str] = [e for e in entries or () if isinstance(e, str)]
+        self.parts = {i: parsed[1] for i, e in enumerate(self.kept) if (parsed := once.parts_of(e)) is not None}
+        for parts in self.parts.values():
+            parts[2] = {shown(path): value for path, value in parts[2].items()}
+        self.moved: set[int] = set()
+
+    @property
+    def changed(self) -> int:
+        return len(self.moved)
+
+    def apply(self, m: MigrationConfig) -> None:
+        renames = {shown(source): shown(target) for source, target in m.state.rename.items()}
+        for i, parts in self.parts.items():
+            before = json.dumps(parts, sort_keys=True)
+            parts[0] = m.tools.get(parts[0], parts[0])
+            if parts[0] in m.arguments:
+                parts[1] = _mapped(parts[1], m.arguments[parts[0]])
+            parts[2] = {_renamed_path(path, renames): value for path, value in parts[2].items()}
+            if json.dumps(parts, sort_keys=True) != before:
+                self.moved.add(i)
+
+    def entries(self, new: BotConfig) -> list[str]:
+        """The record with each moved call under its new identity (its paths spelled as the new
+        tool's `requires` spells them)."""
+        out = list(self.kept)
+        for i in self.moved:
+            tool, args, acted = self.parts[i]
+            spelled = {path: acted[shown(path)] for path in new.tools[tool].requires if shown(path) in acted} \
+                if tool in new.tools else acted
+            out[i] = once.with_parts(self.kept[i], tool, args, spelled)
+        return out
+
+
+def spelled_before(moved_by: tuple[MigrationConfig, ...], tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    """A call of the new version as the version the migrations `moved_by` left spells it: its tool
+    and its arguments renamed back, the ones a migration defaulted left out when they hold the
+    default (an argument a migration dropped cannot be given back). What its idempotency key is made
+    of in the turn that moves the session: that turn may be the retry of one the old version ran."""
+    spelled = dict(args)
+    for m in reversed(moved_by):
+        changes = m.arguments.get(tool)
+        if changes is not None:
+            for name, value in changes.default.items():
+                if spelled.get(name) == value:
+                    spelled.pop(name)
+            for old, new in changes.rename.items():
+                if new in spelled:
+                    spelled[old] = spelled.pop(new)
+        tool = next((old for old, new in m.tools.items() if new == tool), tool)
+    return tool, spelled
+
+
+def _renamed_path(path: str, renames: dict[str, str]) -> str:
+    """A path (`state.a.b`) with a renamed path it is, or is under, replaced."""
+    for source, target in renames.items():
+        if path == source or path.startswith(source + "."):
+            return target + path[len(source):]
+    return path
 
 
 def _with_tool_renamed(message: Message, old: str, new: str) -> Message:

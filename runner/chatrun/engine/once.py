@@ -28,15 +28,30 @@ DONE_KEPT = 30  # the calls done once a conversation remembers, newest last
 REPLY_KEPT = 300  # characters of what the model read of a done call, kept to read it again
 
 
-def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
+class Identity(str):
+    """A call's identity (32 hex digits), with the canonical JSON it hashes (`parts`): kept in
+    the record beside it, so a migration that renames the tool, its arguments or a state path it
+    `requires` can give the call done under the old version its new identity (engine/migrate.py)."""
+
+    parts: str
+
+    def __new__(cls, digest: str, parts: str) -> Identity:
+        made = super().__new__(cls, digest)
+        made.parts = parts
+        return made
+
+
+def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> Identity:
     """The identity of a call: the tool, its arguments (bound ones included) and what else it
     acts on (the values of the paths it `requires`), as canonical JSON (keys sorted, 30.0 the
     same as 30), hashed so the record stays small whatever they hold."""
     text = _CANONICAL_JSON.encode([tool, _canonical(args), _canonical(acted_on) if acted_on else {}])
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
+    return Identity(hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32], text)
 
 
 _SEP = "\x1e"  # joins the record's entries for one search (ASCII's record separator: never kept in a reply)
+_PARTS = "\x1f"  # ends an entry's reply, before the identity's parts (ASCII's unit separator: never kept either)
+PARTS_KEPT = 2000  # characters of an identity's parts kept to migrate it; a longer one is not kept
 
 # One encoder for every identity (json.dumps with options makes a new one per call).
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -60,16 +75,41 @@ def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
         return None
     end = record.find(_SEP, at)
     _, turn, reply = record[at:end if end >= 0 else len(record)].split(" ", 2)
-    return {"turn": int(turn), "reply": reply}
+    return {"turn": int(turn), "reply": reply.partition(_PARTS)[0]}
 
 
 def remember(c: Conversation, same: str, turn: int, reply: str) -> None:
     """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
-    kept = (reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…").replace(_SEP, " ")
+    kept = (reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…").replace(_SEP, " ").replace(_PARTS, " ")
     kept_calls = c.done_calls
     if same in _SEP.join(kept_calls):  # a call done again (a decision's, after its placeholder): replaced
         kept_calls = tuple(e for e in kept_calls if not e.startswith(same))
-    c.done_calls = (*kept_calls, f"{same} {turn} {kept}")[-DONE_KEPT:]
+    c.done_calls = (*kept_calls, _entry(same, f"{turn} {kept}"))[-DONE_KEPT:]
+
+
+def _entry(same: str, turn_and_reply: str) -> str:
+    """One entry of the record: `<identity> <turn> <reply>`, then the identity's parts when it
+    has them and they are not too long to keep."""
+    parts = getattr(same, "parts", "")
+    return f"{same} {turn_and_reply}" + (_PARTS + parts if parts and len(parts) <= PARTS_KEPT else "")
+
+
+def parts_of(entry: str) -> tuple[str, list[Any]] | None:
+    """An entry's identity and the parts it hashes ([tool, args, acted_on]); None for an entry
+    without them (recorded before they were kept, or too long to keep)."""
+    _, found, text = entry.partition(_PARTS)
+    try:
+        parts: Any = json.loads(text) if found else None
+    except ValueError:
+        return None
+    ok = isinstance(parts, list) and len(parts) == 3 and isinstance(parts[1], dict) and isinstance(parts[2], dict)
+    return (entry.split(" ", 1)[0], parts) if ok else None
+
+
+def with_parts(entry: str, tool: str, args: dict[str, Any], acted_on: dict[str, Any]) -> str:
+    """`entry` as the record of the same call under another identity: its tool, arguments or
+    the paths it acts on renamed by a migration (its turn and reply kept)."""
+    return _entry(identity(tool, args, acted_on), entry.partition(_PARTS)[0].split(" ", 1)[1])
 
 
 def carried(forked: list[Any] | None, original: list[Any] | None) -> list[str]:

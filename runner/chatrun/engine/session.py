@@ -33,6 +33,7 @@ from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine import follow_up, guardrails, once, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
+from chatrun.engine.migrate import chain_from, done_calls_of
 from chatrun.engine.pausing import announce
 from chatrun.engine.pending import (
     DECISION_TYPES,
@@ -185,12 +186,17 @@ class Session:
     def meta(self) -> dict[str, Any]:
         return self._c.meta
 
-    def take_up(self, forked_from: dict[str, Any], done: list[Any] | None) -> None:
+    def take_up(self, forked_from: dict[str, Any], done: list[Any] | None, of: Bot | None = None) -> None:
         """A new session that takes up another conversation from its start (a `/v1` first message
         sent again in a front end's chat): where it came from (its calls keyed as that
         conversation's: `Conversation.keyed_as`) and the calls done once there, not run again here
-        (engine/once.py `carried`). Before its first turn."""
+        (engine/once.py `carried`). When that conversation ran another version `of` the bot, the
+        calls are renamed as its migrations say, and this first turn keys its calls by the names of
+        that version, as the conversation's first turn did (`Conversation.moved_by`). Before its first turn."""
         self._c.meta["forked_from"] = forked_from
+        if of is not None:
+            self._c.moved_by = chain_from(of.config, self.bot.config)
+            done = done_calls_of(done, self._c.moved_by, self.bot.config)
         self._c.done_calls = tuple(once.carried(None, done))
 
     @property
@@ -833,7 +839,7 @@ class Session:
                 self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
             self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
             self._last_entry = entry
-            self._moved = None
+            self._moved, self._c.moved_by = None, ()
             self._save_remembered()
         except asyncio.CancelledError:  # stopped (Stop on the page, a Cancel frame, a closed stream)
             self._reopened(before, collected, turn)  # as a failed turn: the items it resolved wait again

@@ -77,6 +77,7 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost
     of a session no replica and no store has a copy of) onto `new`, by `new.on_change`.
     Changes the conversation in place; nothing is stored until its next turn commits."""
     moved = Moved(old.content_version if old is not None else lost, new.content_version, lost=lost)
+    conversation.moved_by = ()  # set by the migrations, if any apply
     if new.on_change == MIGRATE:
         _migrate(conversation, old, new, moved)
     conversation.config = new
@@ -153,10 +154,12 @@ def _migrate(conversation: Conversation, old: BotConfig | None, new: BotConfig, 
     memories = conversation.live_memories()
     result = migrate_snapshot(conversation.snapshot(), old, new, memories)
     conversation.config = new
+    moved_by = tuple(new.migrations[i] for i in result.applied)
     conversation.restore(result.snapshot)
     conversation.forget_cached_memories()
     for memory_id, messages in result.memories.items():
         _set_memory(conversation, memory_id, messages)
+    conversation.moved_by = moved_by  # after restore: the turn that commits the move keys its calls by it
     moved.notes.extend(result.notes)
 
 

@@ -462,8 +462,11 @@ class TurnIndex:
                                     version=ident.version, locale=ident.locale) as session:
             if started is not None:
                 original = await registry.store.load_session(started["session"])
+                held = registry.shelf.bots[ident.bot].find(original.bot_version) \
+                    if original is not None and original.bot_version else None  # its version, if held here
                 session.take_up({"session": started["session"], "turn": 0, "keys": started["keys"]},
-                                original.snapshot.get(DONE_CALLS_KEY) if original is not None else None)
+                                original.snapshot.get(DONE_CALLS_KEY) if original is not None else None,
+                                of=held.bot if held is not None else None)
             elif ident.in_chat and not ident.earlier and ident.previous is None:
                 await self.records.put_record(ident.start_key(_owner(who)), {
                     "bot": ident.bot, "session": session_id, "keys": session_id}, session_id)

@@ -1,0 +1,241 @@
+"""A call of an `effect: once` tool done under one version of a bot, made again after a
+migration renamed the tool, its arguments or a state path it `requires` (docs/versions.md, "What
+a live session does"): it is the call done, answered from the record, and not run again. It ran
+twice before: the record keeps hashed identities, and the old version's hash never matched the
+new version's call. Real apps on a real SQLite file, the fake OpenAI server."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from chatrun.server.openai_api import OpenAIOptions
+from server_support import app_for_testclient as create_app
+from versions_support import started_on_version_1, write_versions
+from webhook_support import Receiver
+
+V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0, customer: ana}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order
+    effect: once
+    requires: [state.customer]
+    parameters: {type: object, properties: {order: {type: string}, amount: {type: number}}, required: [order, amount]}
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order }}"}
+"""
+V2 = """\
+name: desk
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0, account: {customer: ana}}
+migrations:
+  - from: "1"
+    tools: {refund: pay_back}
+    arguments: {pay_back: {rename: {order: order_id}}}
+    state: {rename: {customer: account.customer}}
+routes:
+  main: {default: true, system: Refund orders., tools: [pay_back]}
+tools:
+  pay_back:
+    description: Refund an order
+    effect: once
+    requires: [state.account.customer]
+    parameters: {type: object, properties: {order_id: {type: string}, amount: {type: number}}, required: [order_id, amount]}
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order_id }}"}
+"""
+DONE = ("Already done earlier in this conversation (turn 1): Refunded 30 on A1. "
+        "It was not run again; do not call it again for the same thing.")
+
+
+def responder(call: dict):
+    """The model calls `call` once a turn, then answers."""
+    def answer(body: dict) -> dict:
+        if body["messages"][-1]["role"] == "tool":
+            return {"text": "Done."}
+        return {"tool_calls": [call]}
+    return answer
+
+
+def tool_results(fake) -> list[str]:
+    return [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+
+
+def test_a_once_call_done_under_version_1_is_not_run_again_after_a_migration_renamed_it(fake, tmp_path):
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    fake.responder = responder({"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "did it work? refund it please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        session = both.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-1] == DONE
+    assert session["state"]["refunded"] == 30 and session["state"]["account"] == {"customer": "ana"}
+    moved = [h["moved"] for h in session["history"] if h.get("moved")]
+    assert len(moved) == 1 and any("done once" in note for note in moved[0]["notes"]), moved
+
+
+def test_the_same_refund_for_another_order_after_the_migration_still_runs(fake, tmp_path):
+    """What the record matches is the same call: another order is another refund."""
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    fake.responder = responder({"name": "pay_back", "arguments": {"order_id": "B2", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as both:
+        assert both.post("/bots/desk/sessions/s/messages", json={"userMessage": "and B2"}).json()["ok"]
+        state = both.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == "Refunded 30 on B2" and state["refunded"] == 60
+
+
+def sdk(http: TestClient) -> openai.OpenAI:
+    """The real `openai` client, sending to the app `http` serves."""
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="x", max_retries=0, http_client=http)
+
+
+def chat(client: openai.OpenAI, messages: list[dict]) -> dict:
+    """One /v1 chat completion: its `chatrun` field (session, how it was found)."""
+    return client.chat.completions.create(model="desk", messages=messages).model_extra["chatrun"]
+
+
+def test_a_regenerated_answer_forked_from_before_a_migration_does_not_run_the_refund_again(fake, tmp_path):
+    """A /v1 conversation refunds under version 1, is moved to version 2 by its next turn, then the
+    user regenerates the refund's answer: the fork is of the state before the refund (version 1's),
+    moves to version 2 as it opens, and carries what its original did since, under version 2's
+    names: the model's `pay_back` of the same order is the refund done, not run again."""
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.queue({"text": "Hello."}, {"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 30}}]},
+               {"text": "Refunded."})
+    asked = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "refund 30 on A1"}]
+    with TestClient(create_app(str(root / "versions" / "1"), store)) as v1, sdk(v1) as client:
+        chat(client, asked[:1])
+        original = chat(client, asked)
+    with TestClient(create_app(str(root), store)) as both, sdk(both) as client:
+        fake.queue({"text": "You are welcome."})
+        went_on = chat(client, [*asked, {"role": "assistant", "content": "Refunded."},
+                                 {"role": "user", "content": "thanks"}])
+        assert went_on["session"] == original["session"] and went_on["how"] == "continued", went_on
+        assert both.get(f"/bots/desk/sessions/{original['session']}").json()["state"]["refunded"] == 30
+        fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}}]},
+                   {"text": "It was refunded already."})
+        forked = chat(client, asked)
+        assert forked["how"] == "forked", forked
+        assert tool_results(fake)[-1] == DONE.replace("(turn 1)", "(turn 2)")  # the original's turn 2
+        state = both.get(f"/bots/desk/sessions/{forked['session']}").json()["state"]
+    assert state["refunded"] == 0  # the fork's state is of before the refund, and the call did not run in it
+
+
+ORDER_V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order (the shop's refund service)
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    http: {url: "RECEIVER/refunds", method: POST, json: {order: "{{ args.order }}"}}
+"""
+ORDER_V2 = """\
+name: desk
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0, stream: false}
+migrations:
+  - from: "1"
+    tools: {refund: pay_back}
+    arguments: {pay_back: {rename: {order: order_id}, default: {reason: none given}}}
+routes:
+  main: {default: true, system: Refund orders., tools: [pay_back]}
+tools:
+  pay_back:
+    description: Refund an order (the shop's refund service)
+    parameters: {type: object, properties: {order_id: {type: string}, reason: {type: string}}, required: [order_id]}
+    http: {url: "RECEIVER/refunds", method: POST, json: {order: "{{ args.order_id }}"}}
+"""
+
+
+@pytest.mark.slow  # the shop's refund service: a server on a loopback port
+def test_a_retry_after_the_deploy_of_a_version_that_renames_the_tool_sends_the_same_idempotency_key(fake, tmp_path):
+    """The first attempt of a /v1 request runs under version 1: the refund is POSTed, then the
+    model fails and the turn is rolled back (HTTP 500). Version 2, which renames the tool and its
+    argument, is deployed; the client's retry (its Idempotency-Key) moves the session in the turn it
+    runs again, and the model makes the same refund under the new names: it must carry the same
+    Idempotency-Key, or the service that dedupes by it refunds twice. It carried another."""
+    with Receiver() as receiver:
+        root = write_versions(tmp_path / "desk", {label: text.replace("RECEIVER", receiver.url)
+                                                  for label, text in (("1", ORDER_V1), ("2", ORDER_V2))})
+        store = f"sqlite:///{tmp_path / 'sessions.db'}"
+        asked, key = [{"role": "user", "content": "refund A1"}], {"Idempotency-Key": "refund-A1"}
+        fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]},
+                   {"status": 400, "body": "the model broke"})
+        with TestClient(create_app(str(root / "versions" / "1"), store)) as v1, sdk(v1) as client:
+            with pytest.raises(openai.InternalServerError):
+                client.chat.completions.create(model="desk", messages=asked, extra_headers=key)
+        fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "reason": "none given"}}]},
+                   {"text": "Refunded."})
+        with TestClient(create_app(str(root), store)) as both, sdk(both) as client:
+            reply = client.chat.completions.create(model="desk", messages=asked, extra_headers=key)
+            session = both.get(f"/bots/desk/sessions/{reply.model_extra['chatrun']['session']}").json()
+    assert reply.choices[0].message.content == "Refunded."
+    assert session["history"][-1]["moved"]["to"] == session["botVersion"]  # the retry's turn moved it
+    keys = [d.headers["idempotency-key"] for d in receiver.seen()]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
+
+
+def test_a_chats_first_message_sent_again_after_a_deploy_does_not_run_the_refund_again(fake, tmp_path):
+    """A front end's chat (its chat id header) refunds in its first answer under version 1; after
+    version 2 is deployed, the user sends the first message again in that chat: a new session, on
+    version 2, takes up the chat's start and the calls done there, under version 2's names."""
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    asked, chat_id = [{"role": "user", "content": "refund 30 on A1"}], {"X-Chat-Id": "chat-1"}
+    options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1", "amount": 30}}]}, {"text": "Refunded."})
+    with TestClient(create_app(str(root / "versions" / "1"), store, **options)) as v1, sdk(v1) as client:
+        client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+    fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}}]},
+               {"text": "It was refunded already."})
+    with TestClient(create_app(str(root), store, **options)) as both, sdk(both) as client:
+        again = client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+        assert again.model_extra["chatrun"]["how"] == "forked", again.model_extra
+        state = both.get(f"/bots/desk/sessions/{again.model_extra['chatrun']['session']}").json()["state"]
+    assert tool_results(fake)[-1] == DONE
+    assert state["refunded"] == 0  # a new session: the refund was not run in it
+
+
+@pytest.mark.slow  # the shop's refund service: a server on a loopback port
+def test_a_chats_first_message_sent_again_after_a_deploy_sends_the_first_answers_idempotency_key(fake, tmp_path):
+    """The same, for a call that runs again (`effect: idempotent`): the chat's first session POSTed
+    `refund(order)` under version 1; the first message sent again after the deploy makes
+    `pay_back(order_id)` in a new session on version 2, keyed as the chat's (docs/tools.md,
+    "Idempotency keys"): the same key, so the shop that dedupes by it refunds once."""
+    options = {"openai": OpenAIOptions(session_headers=("X-Chat-Id",))}
+    asked, chat_id = [{"role": "user", "content": "refund A1"}], {"X-Chat-Id": "chat-1"}
+    with Receiver() as receiver:
+        texts = {label: text.replace("RECEIVER", receiver.url).replace("    http:", "    effect: idempotent\n    http:")
+                 for label, text in (("1", ORDER_V1), ("2", ORDER_V2))}
+        root = write_versions(tmp_path / "desk", texts)
+        store = f"sqlite:///{tmp_path / 'sessions.db'}"
+        fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]}, {"text": "Refunded."})
+        with TestClient(create_app(str(root / "versions" / "1"), store, **options)) as v1, sdk(v1) as client:
+            client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+        fake.queue({"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "reason": "none given"}}]},
+                   {"text": "Refunded."})
+        with TestClient(create_app(str(root), store, **options)) as both, sdk(both) as client:
+            again = client.chat.completions.create(model="desk", messages=asked, extra_headers=chat_id)
+    assert again.model_extra["chatrun"]["how"] == "forked", again.model_extra
+    keys = [d.headers["idempotency-key"] for d in receiver.seen()]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
