@@ -324,3 +324,47 @@ def test_a_reply_full_of_brackets_is_looked_up_for_its_first_50_refs_only(docs_b
     refs = " ".join(f"[made-up-{i}.md#x]" for i in range(48))
     assert [h.ref for h in library.cited(f"[returns.md#sale] {refs} [account.html#pw]", ["guides"])] == \
         ["returns.md#sale", "account.html#pw"]
+
+
+@pytest.mark.slow
+def test_an_index_that_cannot_be_built_fails_the_turn_and_health_says_why_never_an_answer_without_it(docs_bot):
+    """A file where `.chatrun/` goes: the index cannot be built. The turn fails (the user is told the
+    documents cannot be searched, the model is never asked to answer without them), /health names
+    the cause; once it is fixed, the next turn builds the index and answers with its citation."""
+    import asyncio
+
+    import httpx
+
+    from chatrun.server import create_app
+    from chatrun.testing.fake_openai import FakeOpenAI
+
+    (docs_bot / "bot.yaml").write_text(BOT.replace("cite: required", "retrieve: auto"))
+    (docs_bot / ".chatrun").write_text("not a folder")
+
+    async def turn_and_health(http: httpx.AsyncClient, session: str) -> tuple[list[dict], dict]:
+        answer = await http.post(f"/bots/docs/sessions/{session}/messages", json={"userMessage": "refund window?"})
+        return answer.json()["events"], (await http.get("/health")).json()
+
+    async def run(app) -> list[tuple[list[dict], dict]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+            session = (await http.post("/bots/docs/sessions", json={})).json()["id"]
+            assert (await http.get("/health")).json()["knowledge"] == {"docs": "not searched yet"}
+            broken = await turn_and_health(http, session)
+            (docs_bot / ".chatrun").unlink()
+            return [broken, await turn_and_health(http, session)]
+
+    with FakeOpenAI() as fake, pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_BASE_URL", fake.base_url)
+        env.setenv("OPENAI_API_KEY", "test-key")
+        fake.queue({"text": "Thirty days [returns.md#refund-window]."})
+        (events, health), (fixed, healed) = asyncio.run(run(create_app([chatrun.load_bot(docs_bot / "bot.yaml")],
+                                                                           "memory://")))
+        asked = len(fake.requests)
+    assert [e["type"] for e in events if e["type"] in ("Message", "Sources", "Error")] == ["Error"]
+    error = next(e for e in events if e["type"] == "Error")
+    assert error["data"].startswith("Sorry, I cannot search my documents right now")
+    assert "chatrun index" in error["meta"]["detail"] and "knowledge.db" in error["meta"]["detail"]
+    assert health["status"] == "ok" and health["knowledge"]["docs"].startswith("failed: FileExistsError")
+    assert asked == 1  # only the turn after the fix reached the model
+    assert [e["data"] for e in fixed if e["type"] == "Message"] == ["Thirty days [returns.md#refund-window]."]
+    assert any(e["type"] == "Sources" for e in fixed) and healed["knowledge"] == {"docs": "ok"}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
+from chatrun.errors import ChatrunError, KnowledgeUnavailable
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
 from chatrun.knowledge.web import Listing, WebRefreshed, client, list_pages, refresh_web
@@ -40,8 +41,8 @@ log = logging.getLogger("chatrun.knowledge")
 if TYPE_CHECKING:
     from chatrun.knowledge.pg_index import PgIndex
 
-__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text",
-           "share_index"]
+__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "knowledge_state", "library_of",
+           "passages_text", "share_index"]
 
 INDEX_FILE = Path(".chatrun") / "knowledge.db"
 
@@ -80,6 +81,7 @@ class Library:
         self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()
+        self.problem: str | None = None  # why the index could not be built or read at the last try (None: it was)
         self.web = WebRefreshed()  # what the last fetch of web pages did (`refresh(pages=...)`)
 
     def refresh(self, step: Any = None, pages: Sequence[Listing] | None = None) -> Refreshed:
@@ -148,7 +150,42 @@ class Library:
     def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
         """The `k` passages of `sources` that best match `query`: BM25, fused (reciprocal rank)
         with the cosine ranking of each embedding model the sources declare; BM25 alone when
-        they declare none or the endpoint gives no embeddings."""
+        they declare none or the endpoint gives no embeddings. KnowledgeUnavailable when the
+        index cannot be built or read: never an empty answer that looks like "no match"."""
+        return self._answered(self._search, query, sources, k)
+
+    def _answered(self, read: Any, *args: Any) -> list[Hit]:
+        """`read(*args)` of the index; a failure is KnowledgeUnavailable naming the index and what
+        to do, logged once per distinct cause and kept in `problem` (/health shows it) until a
+        read succeeds again (the next search tries the refresh again)."""
+        try:
+            hits: list[Hit] = read(*args)
+        except ChatrunError:
+            raise
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            if cause != self.problem:
+                log.error("knowledge of the bot at %s: its index (%s) could not be built or read: %s; its routes "
+                          "with knowledge fail their turns until it can (fix the cause, then run `chatrun index %s`)",
+                          self.root, self.where, cause, self.root)
+            self.problem = cause
+            raise KnowledgeUnavailable(
+                f"the knowledge index of the bot at {self.root} ({self.where}) could not be built or read: {cause}; "
+                f"the turn was not answered without it. Fix the cause, then run `chatrun index {self.root}`") from None
+        self.problem = None
+        return hits
+
+    def health(self) -> str:
+        """What /health says of this index: "ok", "failed: <cause>", or "embeddings unavailable
+        (<cause>): BM25 alone" while the endpoint gives none."""
+        if self.problem is not None:
+            return f"failed: {self.problem}"
+        if self.embedder.down is not None:
+            return f"embeddings unavailable ({self.embedder.down}): BM25 alone"
+        return "ok"
+
+    def _search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        """`search`, its failures not yet said."""
         index = self.ready()
         models = self.embedding_models(sources)
         if not models:
@@ -179,7 +216,7 @@ class Library:
             if len(refs) == MAX_CITED:
                 break
         pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
-        return self.ready().find(pairs, sources) if pairs else []
+        return self._answered(lambda: self.ready().find(pairs, sources)) if pairs else []
 
     def link(self, hit: Hit) -> str | None:
         """A passage's link, from its source's `url:` (None: the source declares none)."""
@@ -245,6 +282,15 @@ def library_of(config: BotConfig) -> Library:
         library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
         weakref.finalize(config, _drop, id(config))
     return library
+
+
+def knowledge_state(config: BotConfig) -> str | None:
+    """What /health says of a loaded bot's knowledge (None: it declares none): its Library's
+    `health()`, or "not searched yet" before its first search (nothing is opened for asking)."""
+    if not config.knowledge:
+        return None
+    library = _LIBRARIES.get(id(config))
+    return library.health() if library is not None else "not searched yet"
 
 
 def _drop(key: int) -> None:
