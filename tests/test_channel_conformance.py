@@ -90,7 +90,7 @@ routes:
   main:
     default: true
     system: You sell tickets.
-    knowledge: [guides]
+    knowledge: {{sources: [guides], retrieve: auto}}  # a citation is of a passage the model was given
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
     tools: [book]
     attachments: {{kinds: [image/*], max_bytes: 5000, max_count: 2}}

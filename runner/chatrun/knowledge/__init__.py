@@ -12,7 +12,7 @@ the index once (only changed files are read), so a bot never answers from a stal
 index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
 PostgreSQL), a replica only reads what `chatrun index BOT --store URL` built; it builds it
 itself only when the bot was never indexed there. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
-`cited` finds the passages a reply cites, which become its Sources event (engine/turn.py).
+`cited` finds the passages a reply cites (engine/grounding.py keeps those the model was given), which become its Sources event.
 
 Layer 2 (tests/test_architecture.py): it reads the definition stage's config; the engine
 (auto retrieval, citations) and the `search_knowledge` tool kind (toolkinds/knowledge.py) use it.
