@@ -175,6 +175,28 @@ def test_a_running_bot_never_answers_from_a_missing_or_stale_index(docs_bot):
     assert "within 60 days" in searched()  # stale: refreshed by the next start's first search
 
 
+def test_a_running_bot_answers_from_an_article_edited_or_deleted_after_its_first_search(docs_bot, monkeypatch):
+    """One loaded bot (a server that stays up): its first search built the index; an article
+    edited and another deleted afterwards were still given to the model, and cited, until a
+    restart. A search after the folder changed refreshes the index first."""
+    import chatrun.knowledge
+
+    monkeypatch.setattr(chatrun.knowledge, "RECHECK", 0.0)  # look at the folder at every search
+    bot = chatrun.load_bot(docs_bot / "bot.yaml")
+
+    def searched(query: str, reply: str) -> tuple[str, list]:
+        model = ScriptedModel([call("search_knowledge", query=query), {"text": reply}])
+        events = bot.session(model=model).chat(f"{query}?")
+        return next(m.content for m in model.requests[1].messages if m.role == "tool"), events
+
+    assert "within 30 days" in searched("refund window", "See [returns.md#refund-window].")[0]
+    (docs_bot / "guides/returns.md").write_text(RETURNS.replace("30 days", "sixty days"))
+    (docs_bot / "guides/account.html").unlink()
+    assert "within sixty days" in searched("refund window", "See [returns.md#refund-window].")[0]
+    result, events = searched("password reset", "Reset it from the sign-in page [account.html#pw].")
+    assert "Reset it from the sign-in page" not in result and "Sources" not in [kind for kind, _ in kinds(events)]
+
+
 def test_a_search_reads_only_the_sources_it_is_given(docs_bot):
     config, _ = load_config(docs_bot)
     library = Library(docs_bot, config.knowledge)

@@ -8,8 +8,8 @@
 
 A `Library` is a bot's sources and its index file (`.chatrun/knowledge.db` in the bot's
 directory; `chatrun index BOT` builds it ahead). The first search of a running bot refreshes
-the index once (only changed files are read), so a bot never answers from a stale or missing
-index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
+the index (only changed files are read), and a search after a file of its folders changed,
+came or went refreshes it again, so a bot never answers from a stale or missing index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
 PostgreSQL), a replica only reads what `chatrun index BOT --store URL` built; it builds it
 itself only when the bot was never indexed there. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
 `cited` finds the passages a reply cites (engine/grounding.py keeps those the model was given), which become its Sources event.
@@ -24,6 +24,7 @@ import asyncio
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
+from chatrun.definition.knowledge import source_listing
 from chatrun.errors import ChatrunError, KnowledgeUnavailable
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
@@ -61,6 +63,9 @@ CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a pas
 _CITATION = re.compile(r"\[([^\[\]\x00-\x1f\x7f]{1,500})\]")
 _CITED_APART = re.compile(r"\s*[,;]\s*")
 MAX_CITED = 50  # distinct refs a reply's citations are looked up for; the others are not citations
+# Seconds between two looks of a running bot at its folders (each file's size and modification
+# time) for a file changed, added or removed since the index was refreshed: then it is refreshed again.
+RECHECK = 2.0
 
 
 def index_path(root: str | Path) -> Path:
@@ -82,6 +87,8 @@ class Library:
         self._fresh = False
         self._lock = threading.Lock()
         self.problem: str | None = None  # why the index could not be built or read at the last try (None: it was)
+        self._mark: frozenset[tuple[str, int, int]] = frozenset()  # the folders as the last refresh found them
+        self._looked = 0.0  # when the folders were last compared with `_mark` (time.monotonic)
         self.web = WebRefreshed()  # what the last fetch of web pages did (`refresh(pages=...)`)
 
     def refresh(self, step: Any = None, pages: Sequence[Listing] | None = None) -> Refreshed:
@@ -95,6 +102,7 @@ class Library:
     def _refresh(self, step: Any, pages: Sequence[Listing] | None) -> Refreshed:
         """`refresh`, under the lock."""
         web = [source.name for source in self.sources.values() if source.web]
+        self._mark, self._looked = self._folders(), time.monotonic()  # before reading: a change meanwhile is seen next
         done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
         if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
             with client() as http:
@@ -119,9 +127,10 @@ class Library:
                         "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
 
     def ready(self) -> KnowledgeIndex | PgIndex:
-        """The index, refreshed once in this process's life of the bot (a shared index only when
-        the bot was never indexed there: `chatrun index --store` keeps it up to date)."""
-        if self._fresh:
+        """The index, refreshed at the first search and again when a file of the folders changed,
+        came or went (`_moved`; a shared index only when the bot was never indexed there:
+        `chatrun index --store` keeps it up to date)."""
+        if self._fresh and not self._moved():
             return self.index
         with self._lock:  # the first searches at once: one refreshes, the others wait for it
             if self._fresh:
@@ -131,6 +140,30 @@ class Library:
             else:
                 self._refresh(None, None)
         return self.index
+
+    def _moved(self) -> bool:
+        """A file of the folders changed, came or went since the last refresh (looked at once in
+        RECHECK seconds; a shared index is kept by `chatrun index --store`, never by a replica):
+        then the index is no longer fresh."""
+        if not isinstance(self.index, KnowledgeIndex) or time.monotonic() < self._looked + RECHECK:
+            return False
+        self._looked = time.monotonic()
+        if self._folders() == self._mark:
+            return False
+        self._fresh = False
+        return True
+
+    def _folders(self) -> frozenset[tuple[str, int, int]]:
+        """Each file the folder sources read: its path, size and modification time."""
+        out = set()
+        for source in self.sources.values():
+            for path in source_listing(self.root, source)[0]:
+                try:
+                    stat = path.stat()
+                except OSError:  # gone while listed: the refresh says so
+                    continue
+                out.add((str(path), stat.st_size, stat.st_mtime_ns))
+        return frozenset(out)
 
     def close(self) -> None:
         """Let go of the index's connections (a shared index's pool; the SQLite file's are per thread)."""
