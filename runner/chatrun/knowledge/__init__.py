@@ -89,6 +89,7 @@ class Library:
         self.problem: str | None = None  # why the index could not be built or read at the last try (None: it was)
         self._mark: frozenset[tuple[str, int, int]] = frozenset()  # the folders as the last refresh found them
         self._looked = 0.0  # when the folders were last compared with `_mark` (time.monotonic)
+        self.unindexed: list[str] = []  # web sources the index holds no page of (`chatrun index` fetches them)
         self.web = WebRefreshed()  # what the last fetch of web pages did (`refresh(pages=...)`)
 
     def refresh(self, step: Any = None, pages: Sequence[Listing] | None = None) -> Refreshed:
@@ -121,7 +122,7 @@ class Library:
     def _say_unindexed(self, web: Sequence[str]) -> None:
         """A web source with no page in the index is said in the log: nothing fails silently."""
         held = self.index.held_sources() if web else set()
-        missing = [name for name in web if name not in held]
+        missing = self.unindexed = [name for name in web if name not in held]
         for name in missing:
             log.warning("knowledge source %s: no page of it is in the index (web pages are fetched by "
                         "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
@@ -209,10 +210,13 @@ class Library:
         return hits
 
     def health(self) -> str:
-        """What /health says of this index: "ok", "failed: <cause>", or "embeddings unavailable
-        (<cause>): BM25 alone" while the endpoint gives none."""
+        """What /health says of this index: "ok", "failed: <cause>", "not indexed: <sources>..."
+        (web sources no `chatrun index` fetched), or "embeddings unavailable (<cause>): BM25
+        alone" while the endpoint gives none."""
         if self.problem is not None:
             return f"failed: {self.problem}"
+        if self.unindexed:
+            return f"not indexed: {', '.join(self.unindexed)} (web pages): run `chatrun index {self.root}`"
         if self.embedder.down is not None:
             return f"embeddings unavailable ({self.embedder.down}): BM25 alone"
         return "ok"
