@@ -348,6 +348,17 @@ def test_a_reply_full_of_brackets_is_looked_up_for_its_first_50_refs_only(docs_b
         ["returns.md#sale", "account.html#pw"]
 
 
+def test_a_search_knowledge_call_on_an_index_that_cannot_be_built_fails_the_turn_not_the_search(docs_bot):
+    """Through the tool as through `retrieve: auto` (below): the model never reads an empty
+    result it would take for "nothing matches" and answer from its own head."""
+    (docs_bot / ".chatrun").write_text("not a folder")
+    model = ScriptedModel([call("search_knowledge", query="refund window"), {"text": "30 days [returns.md#refund-window]."}])
+    events = chatrun.load_bot(docs_bot / "bot.yaml").session(model=model).chat("refund?")
+    assert [kind for kind, _ in kinds(events) if kind in ("Message", "Sources", "Error")] == ["Error"]
+    assert len(model.requests) == 1  # the call that asked for the search; no answer was asked for after it
+    assert next(e for e in events if e.type == "Error").meta["detail"].startswith("the knowledge index of the bot at ")
+
+
 @pytest.mark.slow
 def test_an_index_that_cannot_be_built_fails_the_turn_and_health_says_why_never_an_answer_without_it(docs_bot):
     """A file where `.chatrun/` goes: the index cannot be built. The turn fails (the user is told the
