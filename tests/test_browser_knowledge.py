@@ -23,7 +23,8 @@ def server(fake, tmp_path):
     (bot / "odd" / "x.md").write_text("# Odd\n\nAn odd article.\n")
     text = (bot / "bot.yaml").read_text()
     (bot / "bot.yaml").write_text(text.replace("routes:", "  odd: {path: odd, url: 'javascript:alert(1)//{path}'}\nroutes:")
-                                  .replace("sources: [help_centre]", "sources: [help_centre, odd]"))
+                                  .replace("sources: [help_centre]", "sources: [help_centre, odd]")
+                                  .replace("top_k: 3", "top_k: 20"))  # every passage the question matches is given
     app = create_app([chatrun.load_bot(bot)], f"sqlite:///{tmp_path / 'chat.db'}")
     with ThreadServer(app) as running:
         yield running
@@ -33,7 +34,7 @@ def server(fake, tmp_path):
 def test_a_replys_sources_are_links_under_it(server, fake, width):
     with chat_page(server.url, width=width) as page:
         fake.queue({"text": "You have 30 days [returns.md#refund-window]; express costs 9.90 euros [shipping.md#costs] [x.md#odd]."})
-        send(page, "How long can I return things, and what does express cost?")
+        send(page, "How long can I return things, what does express cost, and the odd article?")
         shot(page, f"knowledge-sources-{width}")
         sources = page.locator(".sources").last
         assert sources.locator(".tag").inner_text() == "Sources"

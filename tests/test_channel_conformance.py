@@ -93,7 +93,7 @@ routes:
   main:
     default: true
     system: You sell tickets.
-    knowledge: [guides]
+    knowledge: {{sources: [guides], retrieve: auto}}  # a citation is of a passage the model was given
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
     tools: [book]
     attachments: {{kinds: [image/*], max_bytes: 5000, max_count: 2}}
@@ -110,8 +110,9 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
     """The fake model: "book X" calls book(show=X); a message with files says what it carried;
     anything else is echoed."""
     messages = body["messages"]
-    if messages[-1]["role"] == "tool":
-        return {"text": "Done: " + str(messages[-1]["content"])}
+    last = next(m for m in reversed(messages) if m["role"] != "system")  # after it: retrieve: auto's passages
+    if last["role"] == "tool":
+        return {"text": "Done: " + str(last["content"])}
     user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     if not isinstance(user, str):  # content parts: the text and the files' parts
         kinds = [p["type"] for p in user if p["type"] != "text"]

@@ -46,8 +46,8 @@ guardrails:
   - {name: secret, patterns: ['(?i)internal only'], stages: [output], outcome: block, release: sentence,
      message: "I cannot share that."}
 routes:
-  main: {default: true, system: You sell things., knowledge: [guides]}
-  multi: {system: You sell things., knowledge: [guides], stream_to_quarkus: true}
+  main: {default: true, system: You sell things., knowledge: {sources: [guides], retrieve: auto}}
+  multi: {system: You sell things., knowledge: {sources: [guides], retrieve: auto}, stream_to_quarkus: true}
 """
 GUIDE = "# Returns\n\n## Refund window\n\nReturn any item within 30 days for a full refund.\n"
 REPLIES = {  # what the model streams for each user message

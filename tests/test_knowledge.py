@@ -175,6 +175,28 @@ def test_a_running_bot_never_answers_from_a_missing_or_stale_index(docs_bot):
     assert "within 60 days" in searched()  # stale: refreshed by the next start's first search
 
 
+def test_a_running_bot_answers_from_an_article_edited_or_deleted_after_its_first_search(docs_bot, monkeypatch):
+    """One loaded bot (a server that stays up): its first search built the index; an article
+    edited and another deleted afterwards were still given to the model, and cited, until a
+    restart. A search after the folder changed refreshes the index first."""
+    import chatrun.knowledge
+
+    monkeypatch.setattr(chatrun.knowledge, "RECHECK", 0.0)  # look at the folder at every search
+    bot = chatrun.load_bot(docs_bot / "bot.yaml")
+
+    def searched(query: str, reply: str) -> tuple[str, list]:
+        model = ScriptedModel([call("search_knowledge", query=query), {"text": reply}])
+        events = bot.session(model=model).chat(f"{query}?")
+        return next(m.content for m in model.requests[1].messages if m.role == "tool"), events
+
+    assert "within 30 days" in searched("refund window", "See [returns.md#refund-window].")[0]
+    (docs_bot / "guides/returns.md").write_text(RETURNS.replace("30 days", "sixty days"))
+    (docs_bot / "guides/account.html").unlink()
+    assert "within sixty days" in searched("refund window", "See [returns.md#refund-window].")[0]
+    result, events = searched("password reset", "Reset it from the sign-in page [account.html#pw].")
+    assert "Reset it from the sign-in page" not in result and "Sources" not in [kind for kind, _ in kinds(events)]
+
+
 def test_a_search_reads_only_the_sources_it_is_given(docs_bot):
     config, _ = load_config(docs_bot)
     library = Library(docs_bot, config.knowledge)
@@ -324,3 +346,58 @@ def test_a_reply_full_of_brackets_is_looked_up_for_its_first_50_refs_only(docs_b
     refs = " ".join(f"[made-up-{i}.md#x]" for i in range(48))
     assert [h.ref for h in library.cited(f"[returns.md#sale] {refs} [account.html#pw]", ["guides"])] == \
         ["returns.md#sale", "account.html#pw"]
+
+
+def test_a_search_knowledge_call_on_an_index_that_cannot_be_built_fails_the_turn_not_the_search(docs_bot):
+    """Through the tool as through `retrieve: auto` (below): the model never reads an empty
+    result it would take for "nothing matches" and answer from its own head."""
+    (docs_bot / ".chatrun").write_text("not a folder")
+    model = ScriptedModel([call("search_knowledge", query="refund window"), {"text": "30 days [returns.md#refund-window]."}])
+    events = chatrun.load_bot(docs_bot / "bot.yaml").session(model=model).chat("refund?")
+    assert [kind for kind, _ in kinds(events) if kind in ("Message", "Sources", "Error")] == ["Error"]
+    assert len(model.requests) == 1  # the call that asked for the search; no answer was asked for after it
+    assert next(e for e in events if e.type == "Error").meta["detail"].startswith("the knowledge index of the bot at ")
+
+
+@pytest.mark.slow
+def test_an_index_that_cannot_be_built_fails_the_turn_and_health_says_why_never_an_answer_without_it(docs_bot):
+    """A file where `.chatrun/` goes: the index cannot be built. The turn fails (the user is told the
+    documents cannot be searched, the model is never asked to answer without them), /health names
+    the cause; once it is fixed, the next turn builds the index and answers with its citation."""
+    import asyncio
+
+    import httpx
+
+    from chatrun.server import create_app
+    from chatrun.testing.fake_openai import FakeOpenAI
+
+    (docs_bot / "bot.yaml").write_text(BOT.replace("cite: required", "retrieve: auto"))
+    (docs_bot / ".chatrun").write_text("not a folder")
+
+    async def turn_and_health(http: httpx.AsyncClient, session: str) -> tuple[list[dict], dict]:
+        answer = await http.post(f"/bots/docs/sessions/{session}/messages", json={"userMessage": "refund window?"})
+        return answer.json()["events"], (await http.get("/health")).json()
+
+    async def run(app) -> list[tuple[list[dict], dict]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+            session = (await http.post("/bots/docs/sessions", json={})).json()["id"]
+            assert (await http.get("/health")).json()["knowledge"] == {"docs": "not searched yet"}
+            broken = await turn_and_health(http, session)
+            (docs_bot / ".chatrun").unlink()
+            return [broken, await turn_and_health(http, session)]
+
+    with FakeOpenAI() as fake, pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_BASE_URL", fake.base_url)
+        env.setenv("OPENAI_API_KEY", "test-key")
+        fake.queue({"text": "Thirty days [returns.md#refund-window]."})
+        (events, health), (fixed, healed) = asyncio.run(run(create_app([chatrun.load_bot(docs_bot / "bot.yaml")],
+                                                                           "memory://")))
+        asked = len(fake.requests)
+    assert [e["type"] for e in events if e["type"] in ("Message", "Sources", "Error")] == ["Error"]
+    error = next(e for e in events if e["type"] == "Error")
+    assert error["data"].startswith("Sorry, I cannot search my documents right now")
+    assert "chatrun index" in error["meta"]["detail"] and "knowledge.db" in error["meta"]["detail"]
+    assert health["status"] == "ok" and health["knowledge"]["docs"].startswith("failed: FileExistsError")
+    assert asked == 1  # only the turn after the fix reached the model
+    assert [e["data"] for e in fixed if e["type"] == "Message"] == ["Thirty days [returns.md#refund-window]."]
+    assert any(e["type"] == "Sources" for e in fixed) and healed["knowledge"] == {"docs": "ok"}

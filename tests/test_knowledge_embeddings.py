@@ -16,7 +16,7 @@ import chatrun
 from chat_support import kinds
 from chatrun.cli import main
 from chatrun.definition.loader import load_config
-from chatrun.knowledge import Library
+from chatrun.knowledge import Library, knowledge_state
 from chatrun.testing.fake_openai import FakeOpenAI
 
 BOT = """
@@ -92,7 +92,8 @@ def test_an_endpoint_without_embeddings_answers_from_bm25_with_one_log_line(tmp_
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "test-key")
         fake.queue({"text": "30 days [returns.md#refund-window]."}, {"text": "9.90 euros [shipping.md#costs]."})
-        session = chatrun.load_bot(root / "bot.yaml").session()
+        bot = chatrun.load_bot(root / "bot.yaml")
+        session = bot.session()
         with caplog.at_level(logging.WARNING, logger="chatrun.knowledge"):
             first = session.chat("How long is the refund window?")
             second = session.chat("What does express delivery cost?")
@@ -102,6 +103,9 @@ def test_an_endpoint_without_embeddings_answers_from_bm25_with_one_log_line(tmp_
         warnings = [r.getMessage() for r in caplog.records if "no embeddings" in r.getMessage()]
         assert len(warnings) == 1 and "HTTP 404" in warnings[0] and "BM25 alone" in warnings[0]
         assert [r.path for r in fake.log].count("/embeddings") == 1  # not asked again with each search
+        state = knowledge_state(bot.config)  # what /health says of the bot's knowledge
+        assert state is not None and state.startswith("embeddings unavailable (model ") and "HTTP 404" in state
+        assert state.endswith("BM25 alone")
 
 
 def test_chatrun_index_says_when_there_are_no_embeddings_and_still_succeeds(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ routes:
   main:
     default: true
     system: Answer from the help, citing each passage.
-    knowledge: {{sources: [help], cite: required}}
+    knowledge: {{sources: [help], cite: required, retrieve: auto}}  # a citation is of a passage given
 """
 
 REFUNDS = "# Refund policy\n\n## Refund window\n\nReturn any item within 30 days for a full refund.\n"
@@ -81,7 +81,7 @@ def test_a_ref_with_a_space_and_refs_sharing_brackets_are_citations(tmp_path, fa
 
     fake.queue({"text": "30 days, and express costs 9.90 [refund policy.md#refund-window, shipping.md#costs; "
                         "made-up.md#x]."})
-    events = session.chat("And express shipping?")
+    events = session.chat("And the refund window with express shipping costs?")
     assert sources_of(events) == ["refund policy.md#refund-window", "shipping.md#costs"]
     assert len(fake.requests) == 2  # neither reply was asked again
 
@@ -344,3 +344,23 @@ def test_a_file_larger_than_a_web_page_may_be_is_left_out_and_said(tmp_path, fak
     run = CliRunner().invoke(main, ["index", str(bot), "--quiet"])
     assert run.exit_code == 1 and "b.md is larger than 10 MB" in run.output and "Traceback" not in run.output, \
         run.output
+
+
+def test_a_real_ref_the_model_was_never_given_is_no_citation_and_cite_required_asks_again(tmp_path, fake):
+    """A model that guesses a ref that exists (`shipping.md#costs`) without having searched, or
+    that cites beside the passage it was given one it was not, showed it as a source: a reply of
+    `cite: required` answered without retrieval passed as cited. Only a passage given in the
+    request it answered (a search_knowledge result, `retrieve: auto`'s passages) is a citation."""
+    bot = make_bot(tmp_path, fake, {"refund policy.md": REFUNDS, "shipping.md": SHIPPING})
+    (bot / "bot.yaml").write_text((bot / "bot.yaml").read_text().replace(", retrieve: auto", ""))
+    fake.queue({"text": "Express costs 9.90 [shipping.md#costs]."},  # guessed: nothing was searched
+               {"text": "Express costs 9.90 [shipping.md#costs]."},  # asked again: guessed again
+               {"tool_calls": [{"name": "search_knowledge", "arguments": {"query": "refund window"}}]},
+               {"text": "30 days [refund policy.md#refund-window], 9.90 express [shipping.md#costs]."})
+    session = chatrun.load_bot(bot / "bot.yaml").session()
+    guessed = session.chat("What does express cost?")
+    assert messages(guessed) == ["I do not know that one."] and sources_of(guessed) == []
+    assert "cites no source" in fake.requests[1]["messages"][-1]["content"]
+    searched = session.chat("And the refund window?")
+    assert messages(searched) == ["30 days [refund policy.md#refund-window], 9.90 express [shipping.md#costs]."]
+    assert sources_of(searched) == ["refund policy.md#refund-window"]  # the one it read, not the one it guessed

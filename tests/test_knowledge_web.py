@@ -90,6 +90,7 @@ def test_a_running_bot_never_fetches_and_logs_a_web_source_the_index_holds_no_pa
     said = [r.getMessage() for r in caplog.records]
     assert any("knowledge source help_site: no page of it is in the index" in m and "run `chatrun index" in m
                for m in said), said
+    assert library.health().startswith("not indexed: help_site, extra (web pages): run `chatrun index ")  # /health
 
 
 def test_validate_checks_the_shape_of_web_sources_at_their_lines_and_never_fetches(tmp_path, monkeypatch):

@@ -126,6 +126,15 @@ class MessageTooLong(TurnFailed):
     page_text = "message_too_long"
 
 
+class KnowledgeUnavailable(TurnFailed):
+    """A route's knowledge index could not be built or read (a file where `.chatrun/` goes, a
+    disk full, the shared PostgreSQL index down): the turn fails rather than letting the model
+    answer without retrieval. The user reads the page text `page_text`; the author the message,
+    naming the index and what to do (chatrun.knowledge.Library)."""
+
+    page_text = "knowledge_unavailable"
+
+
 class ToolRefusal(ChatrunError):
     """A tool call that cannot run; the message is the tool result the model reads."""
 

@@ -10,6 +10,7 @@ its place; moving it means calling this from there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from chatrun import events as ev
@@ -40,12 +41,18 @@ async def retrieved(t: TurnContext, route: RouteConfig, guard: guardrails.Guardr
     return [SystemMessage(f"{RETRIEVED_HEADER}\n\n{text}")]
 
 
-async def cited(t: TurnContext, route: RouteConfig, text: str | None) -> list[Hit]:
-    """The passages of the route's sources that a reply cites (`[ref]`), each once (off the
+async def cited(t: TurnContext, route: RouteConfig, text: str | None, sent: Sequence[Message]) -> list[Hit]:
+    """The passages of the route's sources that a reply cites (`[ref]`), each once, of those the
+    model was given in the request it answered (`sent`: a tool's result, `retrieve: auto`'s
+    passages): a ref it never read, even of a real passage, is a guess, not a citation (off the
     event loop: the first use of the index refreshes it)."""
     if route.knowledge is None or not text:
         return []
-    return await asyncio.to_thread(library_of(t.config).cited, text, route.knowledge.sources)
+    hits = await asyncio.to_thread(library_of(t.config).cited, text, route.knowledge.sources)
+    texts = [(m.role, getattr(m, "content", None)) for m in sent]
+    read = "\n".join(text for role, text in texts if isinstance(text, str) and
+                     (role == "tool" or text.startswith(RETRIEVED_HEADER)))
+    return [hit for hit in hits if f"[{hit.ref}]" in read]
 
 
 def send_sources(t: TurnContext, hits: list[Hit]) -> None:

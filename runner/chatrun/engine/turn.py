@@ -111,6 +111,7 @@ class RouteRun:
     # engine/grounding.py), never kept in the memory; and the passages the last answer cites.
     knowledge: list[Message] = field(default_factory=list)
     cited: list[Hit] = field(default_factory=list)
+    sent: list[Message] = field(default_factory=list)  # what the last request sent the model (what it could cite)
 
 
 def sent_whole(run: RouteRun, said: Message, messages: list[Message]) -> None:
@@ -248,7 +249,7 @@ class Turn:
             if step is not None:
                 return step  # the empty answer is not kept: the memory gets what the user gets
         elif not calls and route.knowledge is not None and not run.returning:
-            run.cited = await grounding.cited(self.t, route, response.text)
+            run.cited = await grounding.cited(self.t, route, response.text, run.sent)
             stopped = self.guard is not None and self.guard.stopped_output  # the guard's message cites nothing
             if not run.cited and route.knowledge.cite_required and not stopped:
                 return self.uncited(run, response.text)  # not kept either, and never sent (not streamed)
@@ -287,6 +288,7 @@ class Turn:
         request = ModelRequest(run.memory.messages() + extra, run.specs, model_config, route.name,
                                run.plan.response_format, self.t.read_blob if self.t.blobs is not None else None,
                                run.tool_choice, cache_key=prompt_cache_key(self.t.config.name, route.name))
+        run.sent = request.messages
         if self.t.given is not None and self.t.given[0] is run.memory:
             sent_whole(run, self.t.given[1], request.messages)
             self.t.given = None  # checked once: later calls may have evicted it for tool results

@@ -8,11 +8,11 @@
 
 A `Library` is a bot's sources and its index file (`.chatrun/knowledge.db` in the bot's
 directory; `chatrun index BOT` builds it ahead). The first search of a running bot refreshes
-the index once (only changed files are read), so a bot never answers from a stale or missing
-index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
+the index (only changed files are read), and a search after a file of its folders changed,
+came or went refreshes it again, so a bot never answers from a stale or missing index. With a shared index (`share_index(url)`, set by `chatrun serve` when its store is
 PostgreSQL), a replica only reads what `chatrun index BOT --store URL` built; it builds it
 itself only when the bot was never indexed there. The model sees passages as `[ref] title` blocks and cites one by writing its `[ref]`;
-`cited` finds the passages a reply cites, which become its Sources event (engine/turn.py).
+`cited` finds the passages a reply cites (engine/grounding.py keeps those the model was given), which become its Sources event.
 
 Layer 2 (tests/test_architecture.py): it reads the definition stage's config; the engine
 (auto retrieval, citations) and the `search_knowledge` tool kind (toolkinds/knowledge.py) use it.
@@ -24,6 +24,7 @@ import asyncio
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import BotConfig, KnowledgeSource, ModelConfig
+from chatrun.definition.knowledge import source_listing
+from chatrun.errors import ChatrunError, KnowledgeUnavailable
 from chatrun.knowledge.index import Hit, KnowledgeIndex, Refreshed, plan
 from chatrun.knowledge.vectors import Embedder, EmbeddingsUnavailable, fuse
 from chatrun.knowledge.web import Listing, WebRefreshed, client, list_pages, refresh_web
@@ -40,8 +43,8 @@ log = logging.getLogger("chatrun.knowledge")
 if TYPE_CHECKING:
     from chatrun.knowledge.pg_index import PgIndex
 
-__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "library_of", "passages_text",
-           "share_index"]
+__all__ = ["Hit", "KnowledgeIndex", "Library", "Refreshed", "index_path", "knowledge_state", "library_of",
+           "passages_text", "share_index"]
 
 INDEX_FILE = Path(".chatrun") / "knowledge.db"
 
@@ -60,6 +63,9 @@ CANDIDATES = 50  # passages each ranking (BM25, cosine) offers the fusion: a pas
 _CITATION = re.compile(r"\[([^\[\]\x00-\x1f\x7f]{1,500})\]")
 _CITED_APART = re.compile(r"\s*[,;]\s*")
 MAX_CITED = 50  # distinct refs a reply's citations are looked up for; the others are not citations
+# Seconds between two looks of a running bot at its folders (each file's size and modification
+# time) for a file changed, added or removed since the index was refreshed: then it is refreshed again.
+RECHECK = 2.0
 
 
 def index_path(root: str | Path) -> Path:
@@ -80,6 +86,10 @@ class Library:
         self.embedder = Embedder(model)  # the bot's endpoint, for sources with `embeddings:`
         self._fresh = False
         self._lock = threading.Lock()
+        self.problem: str | None = None  # why the index could not be built or read at the last try (None: it was)
+        self._mark: frozenset[tuple[str, int, int]] = frozenset()  # the folders as the last refresh found them
+        self._looked = 0.0  # when the folders were last compared with `_mark` (time.monotonic)
+        self.unindexed: list[str] = []  # web sources the index holds no page of (`chatrun index` fetches them)
         self.web = WebRefreshed()  # what the last fetch of web pages did (`refresh(pages=...)`)
 
     def refresh(self, step: Any = None, pages: Sequence[Listing] | None = None) -> Refreshed:
@@ -93,6 +103,7 @@ class Library:
     def _refresh(self, step: Any, pages: Sequence[Listing] | None) -> Refreshed:
         """`refresh`, under the lock."""
         web = [source.name for source in self.sources.values() if source.web]
+        self._mark, self._looked = self._folders(), time.monotonic()  # before reading: a change meanwhile is seen next
         done = self.index.refresh(plan(self.root, self.sources.values()), self.sources, step, web)
         if pages is not None:  # into either index, through web.py's one fetch path (its PageIndex seam)
             with client() as http:
@@ -111,15 +122,16 @@ class Library:
     def _say_unindexed(self, web: Sequence[str]) -> None:
         """A web source with no page in the index is said in the log: nothing fails silently."""
         held = self.index.held_sources() if web else set()
-        missing = [name for name in web if name not in held]
+        missing = self.unindexed = [name for name in web if name not in held]
         for name in missing:
             log.warning("knowledge source %s: no page of it is in the index (web pages are fetched by "
                         "`chatrun index`, never while the bot runs); run `chatrun index %s`", name, self.root)
 
     def ready(self) -> KnowledgeIndex | PgIndex:
-        """The index, refreshed once in this process's life of the bot (a shared index only when
-        the bot was never indexed there: `chatrun index --store` keeps it up to date)."""
-        if self._fresh:
+        """The index, refreshed at the first search and again when a file of the folders changed,
+        came or went (`_moved`; a shared index only when the bot was never indexed there:
+        `chatrun index --store` keeps it up to date)."""
+        if self._fresh and not self._moved():
             return self.index
         with self._lock:  # the first searches at once: one refreshes, the others wait for it
             if self._fresh:
@@ -129,6 +141,30 @@ class Library:
             else:
                 self._refresh(None, None)
         return self.index
+
+    def _moved(self) -> bool:
+        """A file of the folders changed, came or went since the last refresh (looked at once in
+        RECHECK seconds; a shared index is kept by `chatrun index --store`, never by a replica):
+        then the index is no longer fresh."""
+        if not isinstance(self.index, KnowledgeIndex) or time.monotonic() < self._looked + RECHECK:
+            return False
+        self._looked = time.monotonic()
+        if self._folders() == self._mark:
+            return False
+        self._fresh = False
+        return True
+
+    def _folders(self) -> frozenset[tuple[str, int, int]]:
+        """Each file the folder sources read: its path, size and modification time."""
+        out = set()
+        for source in self.sources.values():
+            for path in source_listing(self.root, source)[0]:
+                try:
+                    stat = path.stat()
+                except OSError:  # gone while listed: the refresh says so
+                    continue
+                out.add((str(path), stat.st_size, stat.st_mtime_ns))
+        return frozenset(out)
 
     def close(self) -> None:
         """Let go of the index's connections (a shared index's pool; the SQLite file's are per thread)."""
@@ -148,7 +184,45 @@ class Library:
     def search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
         """The `k` passages of `sources` that best match `query`: BM25, fused (reciprocal rank)
         with the cosine ranking of each embedding model the sources declare; BM25 alone when
-        they declare none or the endpoint gives no embeddings."""
+        they declare none or the endpoint gives no embeddings. KnowledgeUnavailable when the
+        index cannot be built or read: never an empty answer that looks like "no match"."""
+        return self._answered(self._search, query, sources, k)
+
+    def _answered(self, read: Any, *args: Any) -> list[Hit]:
+        """`read(*args)` of the index; a failure is KnowledgeUnavailable naming the index and what
+        to do, logged once per distinct cause and kept in `problem` (/health shows it) until a
+        read succeeds again (the next search tries the refresh again)."""
+        try:
+            hits: list[Hit] = read(*args)
+        except ChatrunError:
+            raise
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            if cause != self.problem:
+                log.error("knowledge of the bot at %s: its index (%s) could not be built or read: %s; its routes "
+                          "with knowledge fail their turns until it can (fix the cause, then run `chatrun index %s`)",
+                          self.root, self.where, cause, self.root)
+            self.problem = cause
+            raise KnowledgeUnavailable(
+                f"the knowledge index of the bot at {self.root} ({self.where}) could not be built or read: {cause}; "
+                f"the turn was not answered without it. Fix the cause, then run `chatrun index {self.root}`") from None
+        self.problem = None
+        return hits
+
+    def health(self) -> str:
+        """What /health says of this index: "ok", "failed: <cause>", "not indexed: <sources>..."
+        (web sources no `chatrun index` fetched), or "embeddings unavailable (<cause>): BM25
+        alone" while the endpoint gives none."""
+        if self.problem is not None:
+            return f"failed: {self.problem}"
+        if self.unindexed:
+            return f"not indexed: {', '.join(self.unindexed)} (web pages): run `chatrun index {self.root}`"
+        if self.embedder.down is not None:
+            return f"embeddings unavailable ({self.embedder.down}): BM25 alone"
+        return "ok"
+
+    def _search(self, query: str, sources: Sequence[str], k: int) -> list[Hit]:
+        """`search`, its failures not yet said."""
         index = self.ready()
         models = self.embedding_models(sources)
         if not models:
@@ -179,7 +253,7 @@ class Library:
             if len(refs) == MAX_CITED:
                 break
         pairs = [(ref.partition("#")[0], ref.partition("#")[2]) for ref in refs]
-        return self.ready().find(pairs, sources) if pairs else []
+        return self._answered(lambda: self.ready().find(pairs, sources)) if pairs else []
 
     def link(self, hit: Hit) -> str | None:
         """A passage's link, from its source's `url:` (None: the source declares none)."""
@@ -245,6 +319,15 @@ def library_of(config: BotConfig) -> Library:
         library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
         weakref.finalize(config, _drop, id(config))
     return library
+
+
+def knowledge_state(config: BotConfig) -> str | None:
+    """What /health says of a loaded bot's knowledge (None: it declares none): its Library's
+    `health()`, or "not searched yet" before its first search (nothing is opened for asking)."""
+    if not config.knowledge:
+        return None
+    library = _LIBRARIES.get(id(config))
+    return library.health() if library is not None else "not searched yet"
 
 
 def _drop(key: int) -> None:

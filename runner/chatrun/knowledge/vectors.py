@@ -217,6 +217,7 @@ class Embedder:
         self.enabled = True  # False: no request (a replayed transcript reaches nothing outside the bot)
         self._client: Any = None
         self._down_until = 0.0
+        self.down: str | None = None  # why the last request for embeddings failed (None: it answered); /health
         self._lock = threading.Lock()
 
     def endpoint(self) -> tuple[str, str]:
@@ -253,6 +254,7 @@ class Embedder:
         except EmbeddingsUnavailable as exc:
             self._went_down(name, str(exc))
             raise
+        self.down = None
         return out
 
     def _batch(self, name: str, texts: list[str]) -> list[array]:
@@ -275,6 +277,7 @@ class Embedder:
         """One warning per outage; no request for RETRY_AFTER seconds."""
         with self._lock:
             self._down_until = time.monotonic() + RETRY_AFTER
+            self.down = f"model {name}: {reason}"
         where = self.model.base_url if self.model and self.model.base_url else "the bot's endpoint"
         log.warning("knowledge: no embeddings from %s for model %s (%s); searching with BM25 alone, trying again "
                     "in %d s", where, name, reason, RETRY_AFTER)

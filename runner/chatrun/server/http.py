@@ -1,6 +1,6 @@
 """The HTTP API: sessions as resources, a turn as a POST (JSON or Server-Sent Events).
 
-    GET    /health                                    liveness (200 unless draining), with the store's state
+    GET    /health                                    liveness (200 unless draining), with the store's state and each bot's knowledge index
     GET    /ready                                     readiness (503 while the store does not answer or draining)
     GET    /bots                                      the bots served
     GET    /bots/{bot}                                one bot, with its route graph
@@ -37,6 +37,7 @@ from chatrun.definition.config import JSON_TYPES, initial_state_problem
 from chatrun.definition.templates import display_text
 from chatrun.engine.session import Session
 from chatrun.engine.waiting import held_by_another
+from chatrun.knowledge import knowledge_state
 from chatrun.server import wire
 from chatrun.server.audience import (
     OPERATOR_ROLE,
@@ -141,6 +142,10 @@ async def _health_body(registry: Registry) -> dict[str, Any]:
     if pool_use is not None:  # Redis, Postgres: how full its connection pool is (docs/deploy.md, sizing)
         in_use, size = pool_use()
         body["store_pool"] = {"in_use": in_use, "max_connections": size}
+    knowledge = {name: state for name, bot in registry.bots.items()
+                 if (state := knowledge_state(bot.config)) is not None}
+    if knowledge:  # a bot whose index cannot be read fails its knowledge turns: the operator sees why here
+        body["knowledge"] = knowledge
     return body
 
 
