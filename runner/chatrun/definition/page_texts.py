@@ -54,6 +54,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined_unnamed": "An operator joined the conversation",
         "operator_left_unnamed": "The operator left the conversation",
         "operator_typing_unnamed": "An operator is typing…",
+        # The phone's welcome greeting (Twilio ConversationRelay's welcomeGreeting): none built in;
+        # a bot's `page.phone_greeting` in its first locale, else the channel's `greeting`.
+        "phone_greeting": "",
         "no_model": "No model is configured, so the bot cannot answer.",
         "tell_approval": "Your request is waiting for approval.",
         "tell_question": "Your request is waiting for an answer.",
@@ -260,6 +263,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined_unnamed": "Ein Mitarbeiter ist dem Gespräch beigetreten",
         "operator_left_unnamed": "Der Mitarbeiter hat das Gespräch verlassen",
         "operator_typing_unnamed": "Ein Mitarbeiter schreibt…",
+        "phone_greeting": "",
         "no_model": "Es ist kein Modell eingerichtet, daher kann der Bot nicht antworten.",
         "tell_approval": "Ihre Anfrage wartet auf eine Genehmigung.",
         "tell_question": "Ihre Anfrage wartet auf eine Antwort.",
@@ -459,6 +463,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined_unnamed": "انضم أحد الموظفين إلى المحادثة",
         "operator_left_unnamed": "غادر الموظف المحادثة",
         "operator_typing_unnamed": "أحد الموظفين يكتب…",
+        "phone_greeting": "",
         "no_model": "لم يتم إعداد أي نموذج، لذلك لا يستطيع البوت الرد.",
         "tell_approval": "طلبك في انتظار الموافقة.",
         "tell_question": "طلبك في انتظار الإجابة.",
