@@ -778,3 +778,20 @@ def test_the_twiml_sets_twilios_language_to_the_bots_first_locale(tmp_path, fake
     with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
         twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
     assert re.findall(r'language="[^"]*"', twiml) == ([language] if language else [])
+
+
+def test_the_greeting_is_the_bots_page_phone_greeting_in_its_first_locale(tmp_path, fake, monkeypatch):
+    """The welcome greeting was the channel's one `greeting:` whatever the bot's language: a German
+    bot's caller heard English before their first word. The bot's `page.phone_greeting` in its first
+    locale is said (Twilio hears that locale too); the channel's `greeting:` stays for a bot with none."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(SPEAK_BOT.replace("LOCALES", "[de, en]").replace("enum: [en, de]", "enum: [de]")
+                                       .replace("auth_token: TWILIO_AUTH_TOKEN", "auth_token: TWILIO_AUTH_TOKEN\n"
+                                                "    greeting: Hello, this is the ticket line."))
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "de.yaml").write_text("prompt: Hallo.\npage:\n  phone_greeting: Guten Tag, hier ist die Kartenhotline.\n")
+    (tmp_path / "locales" / "en.yaml").write_text("prompt: Hi.\npage:\n  phone_greeting: Hello, this is the ticket line.\n")
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
+    assert re.findall(r'welcomeGreeting="[^"]*"', twiml) == ['welcomeGreeting="Guten Tag, hier ist die Kartenhotline."']
+    assert 'language="de-DE"' in twiml

@@ -244,7 +244,7 @@ def test_the_inbox_lists_a_conversation_taken_with_no_one_signed_in(fake, tmp_pa
             operator.click(".op-back")
             taken = operator.locator(".op-session .op-kind.taken")
             taken.wait_for(timeout=30_000)
-            assert taken.inner_text() == "with operator"
+            assert taken.inner_text() == "with an operator"
             # the user's page, read again, keeps the conversation and shows the banner (it threw on
             # the null holder and started a new conversation)
             before = user.evaluate("ChatrunPage.session().chatId")
@@ -253,7 +253,7 @@ def test_the_inbox_lists_a_conversation_taken_with_no_one_signed_in(fake, tmp_pa
             assert user.evaluate("ChatrunPage.session().chatId") == before
             assert "Connecting you with a colleague." in user.locator("#messages").inner_text()
             banner = user.locator("#takeover-banner")
-            assert banner.is_visible() and banner.inner_text() == "You are talking to operator"
+            assert banner.is_visible() and banner.inner_text() == "You are talking to an operator"
             assert not p.errors, f"JavaScript errors: {p.errors}"
     finally:
         replica.signal(signal.SIGINT)

@@ -92,3 +92,19 @@ def test_the_inbox_lists_newest_activity_first_with_the_customer_and_the_last_me
     assert (top["session"], top["last"]["from"], top["last"]["text"]) == ("b", "operator", "Hello Ben")
     mixed = client.get("/pending?order=recent&role=baker", headers=OLGA)
     assert mixed.status_code == 400 and "order=waiting" in mixed.json()["message"]
+
+
+def test_an_operator_with_no_name_is_told_in_the_users_language_and_kept_as_operator_in_the_data(fake, tmp_path):
+    """A server without --auth: whoever takes over has no name. The German user reads "Ein
+    Mitarbeiter ist dem Gespräch beigetreten", not "operator ist ..."; the events' data keeps
+    the stable `name: operator` programs compare (definition/page_texts.py UNNAMED_OPERATOR)."""
+    app = app_for_testclient([chatrun.load_bot(BAKERY)], f"sqlite:///{tmp_path}/s.db")
+    with TestClient(app) as client:
+        client.post("/bots/bakery/sessions", json={"id": "de1"}, headers={"Accept-Language": "de"})
+        taken = client.post(SESSION + "de1/takeover", json={})
+        assert messages(taken) == ["Ein Mitarbeiter ist dem Gespräch beigetreten"]
+        left = client.post(SESSION + "de1/release", json={})
+        assert messages(left) == ["Der Mitarbeiter hat das Gespräch verlassen"]
+        history = client.get(SESSION + "de1").json()["history"]
+    notices = [e["meta"] for h in history for e in h["events"] if e["type"] == "Message" and e.get("meta")]
+    assert [(n["notice"], n["name"]) for n in notices] == [("operator_joined", "operator"), ("operator_left", "operator")]

@@ -763,15 +763,15 @@ def test_an_operator_takes_a_conversation_nobody_handed_over(desk):
 
 
 def test_with_no_one_signed_in_the_user_reads_the_operator_leave_as_they_read_them_join(desk):
-    """Auth off (or a program): the takeover has no principal; the user read "operator joined",
-    so they read "operator left" too, not an operator silently gone."""
+    """Auth off (or a program): the takeover has no principal; the user read "An operator
+    joined", so they read "The operator left" too, not an operator silently gone."""
     session = start(desk, ScriptedModel(["Hello."]), principal=None)
     session.chat("Hi")
     joined = [(e.data, e.meta) for e in session.chat(TakeOver()) if e.type == "Message"]
-    assert joined == [("operator joined the conversation",
+    assert joined == [("An operator joined the conversation",
                        {"from": "notice", "notice": "operator_joined", "name": "operator"})]
     left = [(e.data, e.meta) for e in session.chat(Release()) if e.type == "Message"]
-    assert left == [("operator left the conversation",
+    assert left == [("The operator left the conversation",
                      {"from": "notice", "notice": "operator_left", "name": "operator"})]
 
 

@@ -22,6 +22,10 @@ from chatrun.events import MODEL_FAILED_TEXT, TURN_FAILED_TEXT
 if TYPE_CHECKING:
     from chatrun.definition.catalogs import Catalogs
 
+# What the data (events' `name`, a resolution's `by`, /typing) says for an operator with no name:
+# a stable value programs may compare, never shown to a user (they read `operator_unnamed`, or
+# a sentence's `<key>_unnamed`, in their locale: about_operator).
+UNNAMED_OPERATOR = "operator"
 PREFIX = "page."  # a bot's catalog key `page.send` overrides the page's `send`
 
 BUILTIN: dict[str, dict[str, str]] = {
@@ -43,6 +47,16 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined": "{name} joined the conversation",
         "operator_left": "{name} left the conversation",
         "operator_typing": "{name} is typing…",
+        # An operator with no name (a server without --auth, a principal without a display name):
+        # whole sentences of their own, so each language says them in its grammar.
+        "operator_unnamed": "an operator",
+        "talking_to_unnamed": "You are talking to an operator",
+        "operator_joined_unnamed": "An operator joined the conversation",
+        "operator_left_unnamed": "The operator left the conversation",
+        "operator_typing_unnamed": "An operator is typing…",
+        # The phone's welcome greeting (Twilio ConversationRelay's welcomeGreeting): none built in;
+        # a bot's `page.phone_greeting` in its first locale, else the channel's `greeting`.
+        "phone_greeting": "",
         "no_model": "No model is configured, so the bot cannot answer.",
         "tell_approval": "Your request is waiting for approval.",
         "tell_question": "Your request is waiting for an answer.",
@@ -246,6 +260,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined": "{name} ist dem Gespräch beigetreten",
         "operator_left": "{name} hat das Gespräch verlassen",
         "operator_typing": "{name} schreibt…",
+        "operator_unnamed": "Mitarbeiter",
+        "talking_to_unnamed": "Sie sprechen mit einem Mitarbeiter",
+        "operator_joined_unnamed": "Ein Mitarbeiter ist dem Gespräch beigetreten",
+        "operator_left_unnamed": "Der Mitarbeiter hat das Gespräch verlassen",
+        "operator_typing_unnamed": "Ein Mitarbeiter schreibt…",
+        "phone_greeting": "",
         "no_model": "Es ist kein Modell eingerichtet, daher kann der Bot nicht antworten.",
         "tell_approval": "Ihre Anfrage wartet auf eine Genehmigung.",
         "tell_question": "Ihre Anfrage wartet auf eine Antwort.",
@@ -441,6 +461,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "operator_joined": "انضم {name} إلى المحادثة",
         "operator_left": "غادر {name} المحادثة",
         "operator_typing": "{name} يكتب…",
+        "operator_unnamed": "موظف",
+        "talking_to_unnamed": "أنت تتحدث الآن مع أحد الموظفين",
+        "operator_joined_unnamed": "انضم أحد الموظفين إلى المحادثة",
+        "operator_left_unnamed": "غادر الموظف المحادثة",
+        "operator_typing_unnamed": "أحد الموظفين يكتب…",
+        "phone_greeting": "",
         "no_model": "لم يتم إعداد أي نموذج، لذلك لا يستطيع البوت الرد.",
         "tell_approval": "طلبك في انتظار الموافقة.",
         "tell_question": "طلبك في انتظار الإجابة.",
@@ -666,6 +692,15 @@ def confirm_choices(catalogs: Catalogs | None, locale: str | None) -> list[dict[
 def page_data(catalogs: Catalogs | None, locale: str | None) -> dict[str, object]:
     """What the page needs to show itself in `locale`: its `lang`, `dir` and texts."""
     return {"lang": locale or "en", "dir": direction(locale), "texts": page_texts(catalogs, locale)}
+
+
+def about_operator(texts: dict[str, str], key: str, name: str | None) -> str:
+    """The sentence `key` about an operator (`talking_to`, `operator_joined`...): filled with
+    their name, or its `<key>_unnamed` text when they have none (None, or the data's stand-in
+    UNNAMED_OPERATOR). One rule for the engine's notices; the page's app.js keeps the same."""
+    if not name or name == UNNAMED_OPERATOR:
+        return texts[f"{key}_unnamed"]
+    return said(texts, key, name=name)
 
 
 def said(texts: dict[str, str], key: str, **args: object) -> str:

@@ -32,7 +32,7 @@ from chatrun.definition.config import (
     OperatorTimeoutConfig,
     ToolConfig,
 )
-from chatrun.definition.page_texts import said
+from chatrun.definition.page_texts import UNNAMED_OPERATOR, about_operator, said
 from chatrun.definition.templates import holds
 from chatrun.engine import follow_up, tracing
 from chatrun.engine.call import ToolCalls
@@ -775,7 +775,7 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
         item = taken(c, item)
         calls.t.emit(ev.RESOLVED, {"id": item.id, "kind": TAKEOVER, "outcome": TAKEN, "by": name})
         # The user reads who joined, in their language, on every channel (the page shows it as a line).
-        calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_joined", name=name),
+        calls.t.emit(ev.MESSAGE, about_operator(calls.t.texts(), "operator_joined", name),
                      meta={"from": "notice", "notice": "operator_joined", "name": name}, audience=ev.USER)
     if isinstance(decision, OperatorSay):
         item.data.setdefault("messages", []).append({"from": "operator", "name": name,
@@ -790,14 +790,15 @@ async def operate(calls: ToolCalls, decision: TakeOver | OperatorSay | Release) 
 def _operator_left(calls: ToolCalls, holder: dict[str, Any] | None) -> None:
     """The user reads who left, in their language: on a release and when another operator takes over."""
     name = _operator_name(holder)
-    calls.t.emit(ev.MESSAGE, calls.t.own_text("operator_left", name=name),
+    calls.t.emit(ev.MESSAGE, about_operator(calls.t.texts(), "operator_left", name),
                  meta={"from": "notice", "notice": "operator_left", "name": name}, audience=ev.USER)
 
 
 def _operator_name(principal: dict[str, Any] | None) -> str:
-    """The name the user reads an operator by, joining, speaking and leaving (`operator` when no
-    one is signed in: a server without --auth, a program)."""
-    return (principal or {}).get("name") or "operator"
+    """The operator's name as the data keeps it, joining, speaking and leaving (UNNAMED_OPERATOR,
+    `operator`, when no one is signed in: a server without --auth, a program; the user reads
+    their locale's `*_unnamed` text for it: about_operator)."""
+    return (principal or {}).get("name") or UNNAMED_OPERATOR
 
 
 def _stepping_in_roles(c: Conversation) -> list[str]:

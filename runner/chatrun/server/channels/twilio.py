@@ -264,7 +264,7 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
     base = channel.public_base(str(request.base_url))
     socket = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     relay_url = f"{socket}/channels/{bot}/{KIND}/relay?" + urlencode({"token": channel.relay_token(call)})
-    greeting = channel.option("greeting", "")
+    greeting = welcome_greeting(channel)
     attributes = f"url={quoteattr(relay_url)} dtmfDetection=\"true\""
     if greeting:
         attributes += f" welcomeGreeting={quoteattr(greeting)}"
@@ -273,6 +273,15 @@ async def answer_call(bot: str, request: Request, registry: Registry) -> Respons
         attributes += f" language={quoteattr(speech_language(catalogs.default))}"
     action = quoteattr(f"{base}/channels/{bot}/{KIND}/ended")
     return _twiml(f"<Connect action={action}><ConversationRelay {attributes}/></Connect>")
+
+
+def welcome_greeting(channel: Twilio) -> str:
+    """What Twilio says when it picks up, before the caller's first word (so in the bot's first
+    locale, the language it hears them in): the bot's `page.phone_greeting` there, else the
+    channel's `greeting:` (a bot without `locales:`, or one that says none); '' says nothing."""
+    catalogs = channel.bot.catalogs
+    own = page_texts(catalogs, catalogs.default)["phone_greeting"] if catalogs is not None else ""
+    return own or channel.option("greeting", "")
 
 
 async def _first_webhook(registry: SessionRegistry, bot: str, call_sid: str) -> bool:

@@ -632,11 +632,17 @@
     if (resolved.kind === "takeover") showTakeover(resolved.outcome === "taken" ? resolved.by : null);
   }
 
+  /** A sentence about an operator in the page's language: `key` with their name, or its
+   * `<key>_unnamed` text for one with no name (as the server's page_texts.about_operator). */
+  function aboutOperator(key, name) {
+    return ChatrunPending.unnamed(name) ? tx(key + "_unnamed") : tx(key, { name: name });
+  }
+
   /** An operator has the conversation: a banner says who; it goes on release. */
   function showTakeover(name) {
     const banner = $("takeover-banner");
     banner.hidden = !name;
-    banner.textContent = name ? tx("talking_to", { name: name }) : "";
+    banner.textContent = name ? aboutOperator("talking_to", name) : "";
     banner.dataset.name = name || "";
     if (!name) showOperatorTyping(null);
   }
@@ -661,7 +667,8 @@
   function showOperatorMessage(text, name, replayed) {
     endStreaming();
     const bubble = botBubble(text, "operator");
-    bubble.insertBefore(el("div", "from", (name || "operator") + " · operator"), bubble.firstChild);
+    const from = ChatrunPending.unnamed(name) ? tx("operator_unnamed") : tx("op_from", { name: name });
+    bubble.insertBefore(el("div", "from", from), bubble.firstChild);
     add(bubble);
     announceMessage(bubble, "operator", replayed);
   }
@@ -734,7 +741,7 @@
   /** "olga is typing…" where "Thinking…" shows, while the operator types (null: nobody). */
   function showOperatorTyping(name) {
     const line = $("operator-typing");
-    const text = name ? tx("operator_typing", { name: name }) : "";
+    const text = name ? aboutOperator("operator_typing", name) : "";
     if (line.textContent !== text) line.textContent = text;
     line.hidden = !name;
   }

@@ -247,7 +247,7 @@
       chip.title = it.ask;
       kinds.appendChild(chip);
     }
-    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", tx("op_with", { name: ChatrunPending.holder(s.taken_over) })));
+    if (s.taken_over) kinds.appendChild(el("span", "op-kind taken", tx("op_with", { name: ChatrunPending.shown(ChatrunPending.holder(s.taken_over)) })));
     row.appendChild(kinds);
     row.addEventListener("click", () => openSession(s.bot, s.session, s.owner));
     item.appendChild(row);
@@ -266,7 +266,7 @@
    * kept: the holder's, who alone may speak). */
   function sender(last, s) {
     const by = "by" in last ? last.by : s.taken_over && s.taken_over.by ? ChatrunPending.holder(s.taken_over) : null;
-    return by === you ? tx("op_you") : by || ChatrunPending.holder(null);
+    return by === you ? tx("op_you") : ChatrunPending.shown(by);
   }
 
   function seenAt(s) {
@@ -679,7 +679,7 @@
     } else if (event.type === "Message") {
       const operator = meta.from === "operator";
       const bubble = el("div", "msg bot md" + (operator ? " operator" : ""));
-      if (operator) bubble.appendChild(el("div", "from", tx("op_from", { name: meta.name || ChatrunPending.holder(null) })));
+      if (operator) bubble.appendChild(el("div", "from", ChatrunPending.unnamed(meta.name) ? ChatrunPending.shown(null) : tx("op_from", { name: meta.name })));
       bubble.appendChild(ChatrunMarkdown.render(String(event.data)));
       box.appendChild(bubble);
     } else if (event.type === "Pending" && !asked.has(event.data.id)) {

@@ -38,6 +38,7 @@
     held_note: "applies when the conversation is released",
     yes: "Yes", no: "No",
     change_arg: "Change {name}", reason_optional: "Reason (optional; the bot is told)",
+    operator_unnamed: "an operator",
   };
   const WAITING = { approval: "waiting_approval", question: "waiting_answer", takeover: "waiting_operator" };
 
@@ -214,7 +215,7 @@
   /** "Approved by ops: applies when the conversation is released" (an item's `held`: {kind, by, at}). */
   function heldText(held) {
     const outcome = { approve: "approved", reject: "rejected", answer: "answered", timeout: "timed_out" }[held.kind] || held.kind;
-    const by = held.by ? " " + TEXTS.by.split("{name}").join(holder(held)) : "";
+    const by = held.by ? " " + TEXTS.by.split("{name}").join(shown(holder(held))) : "";
     return (TEXTS[outcome] || humanize(String(outcome))) + by + ": " + TEXTS.held_note;
   }
 
@@ -319,9 +320,22 @@
    * "operator" (engine/waiting.py, _operator_name). */
   function holder(taken) {
     const by = taken ? taken.by : null;
-    return (by && typeof by === "object" ? by.name : by) || "operator";
+    return (by && typeof by === "object" ? by.name : by) || UNNAMED;
   }
 
-  window.ChatrunPending = { card: card, holder: holder, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts,
+  /** The data's stand-in for an operator with no name (page_texts.py UNNAMED_OPERATOR): kept as
+   * data, never shown; `shown` gives the locale's `operator_unnamed` for it. */
+  const UNNAMED = "operator";
+
+  function unnamed(name) {
+    return !name || name === UNNAMED;
+  }
+
+  /** An operator's name as a user reads it alone ("by olga", "by an operator"). */
+  function shown(name) {
+    return unnamed(name) ? TEXTS.operator_unnamed : name;
+  }
+
+  window.ChatrunPending = { card: card, holder: holder, unnamed: unnamed, shown: shown, resolve: resolve, schemaForm: schemaForm, plain: plain, setTexts: setTexts,
     confirmation: confirmation };
 })();
