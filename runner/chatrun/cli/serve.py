@@ -177,7 +177,8 @@ def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
               "sweeper. Write the file to move time.")
 @click.option("--sweep-interval", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between two looks for pending items (approvals, questions) whose timeout has come; "
-              "each replica looks, exactly one resolves each (0: this replica never looks).")
+              "each replica looks, exactly one resolves each; on PostgreSQL the same loop deletes the lease rows a dead "
+              "replica left (0: this replica never looks nor sweeps; let another one).")
 @click.option("--retain-idle", type=DURATION, default=None, metavar="DURATION", help=RETAIN_IDLE_HELP)
 @click.option("--retain-dead-letters", type=DURATION, default=None, metavar="DURATION", help=RETAIN_DEAD_HELP)
 @click.option("--bundle-key", default=None, type=click.Path(dir_okay=False), metavar="FILE",
