@@ -1870,6 +1870,9 @@
    * from `ChatrunPage.renewToken` (the widget's panel asks the host page), now the page's. Asked
    * once until the page is connected again: a fresh token refused at once is not asked for again. */
   async function renewed(reason) {
+    // The first request's refusal may come while the page's last scripts still load (the widget's
+    // frame sets renewToken in widget-frame.js, after this one): wait for them, or no one is asked.
+    if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r, { once: true }));
     const renew = window.ChatrunPage && window.ChatrunPage.renewToken;
     if (typeof renew !== "function" || renewals > 0) return false;
     renewals += 1;
