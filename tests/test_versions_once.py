@@ -329,3 +329,24 @@ def test_a_fork_that_moves_after_its_original_moved_does_not_undo_a_swap_of_tool
     assert tool_results(fake)[-2] == DONE.replace("(turn 1)", "(turn 2)")  # the original's refund, turn 2
     assert tool_results(fake)[-1] == "Credited 30 on A1"  # version 2's refund: version 1's credit, never done
     assert state == {**state, "refunded": 0, "credited": 30}  # the fork's own state: before the refund
+
+
+V3 = (V2.replace('version: "2"', 'version: "3"').replace("routes:\n", '  - {from: "2", tools: {pay_back: reimburse}}\nroutes:\n', 1)
+      .replace("tools: [pay_back]", "tools: [reimburse]").replace("  pay_back:\n    description", "  reimburse:\n    description"))
+
+
+def test_a_once_call_done_two_versions_back_is_not_run_again_after_both_migrations(fake, tmp_path):
+    """A session of version 1 opened by a server whose newest version is 3 goes through both
+    migrations (refund -> pay_back -> reimburse, its argument and `requires` path renamed on the
+    way): the call version 3 makes is spelled back through both to the entry version 1 recorded."""
+    assert "tools: {refund: pay_back}" in V3 and "  reimburse:\n" in V3 and "  pay_back:\n" not in V3
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2, "3": V3})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    fake.responder = responder({"name": "reimburse", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as all_three:
+        assert all_three.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it"}).json()["ok"]
+        session = all_three.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-1] == DONE  # `reimburse`: a tool of version 3 alone
+    assert session["state"]["refunded"] == 30 and session["state"]["account"] == {"customer": "ana"}
