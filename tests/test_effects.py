@@ -231,9 +231,8 @@ def test_the_record_keeps_the_last_calls_and_an_older_snapshot_without_it_loads(
     session = bot.session(model=model, store=store)
     session.chat("Pay them all")
     record = session.snapshot()["calls_done"]
-    assert len(record) == DONE_KEPT and record[-1].endswith(
-        f' 1 Paid {amounts[-1]}.\x1f["pay",{{"amount":{amounts[-1]}}},{{}}]')
-    assert all(entry.split(" ")[1] == "1" for entry in record)  # identity, turn, what the model read, what it hashes
+    assert len(record) == DONE_KEPT and record[-1].endswith(f" 1 Paid {amounts[-1]}.")
+    assert all(entry.split(" ")[1] == "1" for entry in record)  # identity, turn, what the model read
 
     snapshot = store.load_session(session.id)
     del snapshot["calls_done"]  # as stored before this record existed

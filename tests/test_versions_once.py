@@ -6,6 +6,11 @@ new version's call. Real apps on a real SQLite file, the fake OpenAI server."""
 
 from __future__ import annotations
 
+import json
+import re
+import sqlite3
+from pathlib import Path
+
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -239,3 +244,109 @@ def test_a_chats_first_message_sent_again_after_a_deploy_sends_the_first_answers
     assert again.model_extra["chatrun"]["how"] == "forked", again.model_extra
     keys = [d.headers["idempotency-key"] for d in receiver.seen()]
     assert len(keys) == 2 and keys[0] == keys[1], keys
+
+
+def as_the_last_release_wrote_it(db: Path, session: str) -> list[str]:
+    """The session's record of calls done once rewritten as chatrun 0.x before this one wrote it:
+    `<identity> <turn> <reply>`, without the version the identity is spelled in, without parts."""
+    with sqlite3.connect(db) as raw:
+        snapshot = json.loads(raw.execute("SELECT snapshot FROM sessions WHERE session_id = ?", (session,)).fetchone()[0])
+        snapshot["calls_done"] = [re.sub(r"^([0-9a-f]{32})\S* ", r"\1 ", e).partition("\x1f")[0]
+                                  for e in snapshot["calls_done"]]
+        raw.execute("UPDATE sessions SET snapshot = ? WHERE session_id = ?", (json.dumps(snapshot), session))
+    return snapshot["calls_done"]
+
+
+def test_a_once_call_recorded_by_the_last_release_is_not_run_again_after_a_migration_renamed_it(fake, tmp_path):
+    """The record of a session stored by the last release holds hashed identities alone (nothing to
+    rename them by): the call the new version makes under its new names is spelled back by the
+    migration (tool, argument, `requires` path) to find it. It ran again, the refund paid twice."""
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    old = as_the_last_release_wrote_it(tmp_path / "sessions.db", "s")
+    assert len(old) == 1 and re.fullmatch(r"[0-9a-f]{32} 1 Refunded 30 on A1", old[0]), old
+    fake.responder = responder({"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        state = both.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == DONE and state["refunded"] == 30
+
+
+SWAP_V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0, credited: 0}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund, credit]}
+tools:
+  refund:
+    description: Refund an order
+    effect: once
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    action: {set: {state.refunded: "{{ state.refunded + 30 }}"}, reply: "Refunded 30 on {{ args.order }}"}
+  credit:
+    description: Give store credit for an order
+    effect: once
+    parameters: {type: object, properties: {order: {type: string}}, required: [order]}
+    action: {set: {state.credited: "{{ state.credited + 30 }}"}, reply: "Credited 30 on {{ args.order }}"}
+"""
+# Version 2 swaps the two names: its `credit` is version 1's refund, its `refund` version 1's credit.
+SWAP_V2 = (SWAP_V1.replace('version: "1"', 'version: "2"\non_change: migrate\nmigrations:\n'
+                           '  - {from: "1", tools: {refund: credit, credit: refund}}')
+           .replace("  refund:\n", "  SWAPPED:\n").replace("  credit:\n", "  refund:\n").replace("  SWAPPED:\n", "  credit:\n"))
+
+
+def test_a_fork_that_moves_after_its_original_moved_does_not_undo_a_swap_of_tool_names(fake, tmp_path):
+    """A /v1 conversation refunds under version 1 and is moved to version 2 (which swaps `refund`
+    and `credit`) by its next turn; the user regenerates the refund's answer: the fork, of version
+    1's state, carries what its original did since and moves to version 2 as it opens. Version 2's
+    `credit` of the order is the refund done; its `refund` (version 1's credit) was never done and
+    runs. The fork's move renamed the carried record a second time: the swap undid itself, the
+    refund ran again and the credit was answered as done."""
+    root = write_versions(tmp_path / "desk", {"1": SWAP_V1, "2": SWAP_V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.queue({"text": "Hello."}, {"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]},
+               {"text": "Refunded."})
+    asked = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "refund A1"}]
+    with TestClient(create_app(str(root / "versions" / "1"), store)) as v1, sdk(v1) as client:
+        chat(client, asked[:1])
+        original = chat(client, asked)
+    with TestClient(create_app(str(root), store)) as both, sdk(both) as client:
+        fake.queue({"text": "You are welcome."})
+        went_on = chat(client, [*asked, {"role": "assistant", "content": "Refunded."},
+                                 {"role": "user", "content": "thanks"}])
+        assert went_on["how"] == "continued", went_on
+        fake.queue({"tool_calls": [{"name": "credit", "arguments": {"order": "A1"}}]},
+                   {"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]}, {"text": "Done."})
+        forked = chat(client, asked)
+        assert forked["how"] == "forked" and forked["session"] != original["session"], forked
+        state = both.get(f"/bots/desk/sessions/{forked['session']}").json()["state"]
+    assert tool_results(fake)[-2] == DONE.replace("(turn 1)", "(turn 2)")  # the original's refund, turn 2
+    assert tool_results(fake)[-1] == "Credited 30 on A1"  # version 2's refund: version 1's credit, never done
+    assert state == {**state, "refunded": 0, "credited": 30}  # the fork's own state: before the refund
+
+
+V3 = (V2.replace('version: "2"', 'version: "3"').replace("routes:\n", '  - {from: "2", tools: {pay_back: reimburse}}\nroutes:\n', 1)
+      .replace("tools: [pay_back]", "tools: [reimburse]").replace("  pay_back:\n    description", "  reimburse:\n    description"))
+
+
+def test_a_once_call_done_two_versions_back_is_not_run_again_after_both_migrations(fake, tmp_path):
+    """A session of version 1 opened by a server whose newest version is 3 goes through both
+    migrations (refund -> pay_back -> reimburse, its argument and `requires` path renamed on the
+    way): the call version 3 makes is spelled back through both to the entry version 1 recorded."""
+    assert "tools: {refund: pay_back}" in V3 and "  reimburse:\n" in V3 and "  pay_back:\n" not in V3
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": V2, "3": V3})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    fake.responder = responder({"name": "reimburse", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as all_three:
+        assert all_three.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it"}).json()["ok"]
+        session = all_three.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-1] == DONE  # `reimburse`: a tool of version 3 alone
+    assert session["state"]["refunded"] == 30 and session["state"]["account"] == {"customer": "ana"}

@@ -40,7 +40,7 @@ from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
 from chatrun.engine.guardrails import Guardrails
-from chatrun.engine.migrate import spelled_before
+from chatrun.engine.migrate import older_spellings, spelled_before
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
@@ -208,14 +208,17 @@ class ToolCalls:
         in this conversation; None: the call is new."""
         if tool.effect != ONCE and not self.t.c.pending:
             return None  # most calls: nothing to compare with
-        same = self.identity_of(tool, args)
+        acted_on = self.acted_on(tool)
+        same = once.identity(tool.name, args, acted_on)
         self.checked = (args, same)
-        item = once.waiting_with(self.t.c, same, self.acted_on(tool))
+        item = once.waiting_with(self.t.c, same, acted_on)
         if item is not None:
             return ToolOutcome(once.still_waiting(item))
         if tool.effect != ONCE:
             return None
-        done = once.done_before(self.t.c, same)
+        migrations = self.t.config.migrations
+        older = (lambda tagged: older_spellings(migrations, tagged, tool.name, args, acted_on)) if migrations else None
+        done = once.done_before(self.t.c, same, once.tag(self.t.config.version), older)
         return ToolOutcome(once.already_done(done)) if done is not None else None
 
     def identity_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
@@ -232,7 +235,7 @@ class ToolCalls:
 
     def remember_done(self, tool: ToolConfig, identity: str, reply: str) -> None:
         """A `once` call that did something: an identical one later is answered with `reply`."""
-        once.remember(self.t.c, identity, self.t.number, reply)
+        once.remember(self.t.c, identity, self.t.number, reply, once.tag(self.t.config.version))
         self.took_effect = True
 
     def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], str]:

@@ -93,7 +93,7 @@ class _Migration:
         self.scopes = [Scope.from_dict(d) for d in snapshot.get("scopes", [])]
         self.state: dict[str, Any] = snapshot.setdefault("state", {})
         self.result = MigrationResult(snapshot, memories)
-        self.done = _DoneCalls(snapshot.get(DONE_CALLS_KEY))
+        self.renamed_calls = False  # a migration renames tools, arguments or state paths (a call's identity)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
@@ -114,7 +114,7 @@ class _Migration:
             self.drop_path(path, where)
         for path, value in m.state.default.items():
             self.default_path(path, value, where)
-        self.done.apply(m)
+        self.renamed_calls = self.renamed_calls or bool(m.tools or m.arguments or m.state.rename)
 
     # -- routes and scopes -------------------------------------------------------------------
 
@@ -278,9 +278,9 @@ class _Migration:
                 continue
             init_declared(scope, route.scope.local, route.scope.shared)
         snapshot["scopes"] = [s.to_dict() for s in self.scopes]
-        if self.done.changed:
-            snapshot[DONE_CALLS_KEY] = self.done.entries(self.new)
-            self.note(f"{self.done.changed} call(s) done once recorded under their new tool, arguments or paths")
+        if self.renamed_calls and snapshot.get(DONE_CALLS_KEY):
+            self.note(f"{len(snapshot[DONE_CALLS_KEY])} call(s) done once still recognised under their new tool, "
+                      "arguments or paths")
         live = {mid for s in self.scopes for mid in s.memory_ids()}
         self.result.memories = {mid: ms for mid, ms in self.result.memories.items() if mid in live}
 
@@ -290,54 +290,21 @@ def chain_from(old: BotConfig, new: BotConfig) -> tuple[MigrationConfig, ...]:
     return () if old.content_version == new.content_version else tuple(applying(new.migrations, old.version))
 
 
-def done_calls_of(entries: Any, chain: tuple[MigrationConfig, ...], new: BotConfig) -> list[str]:
-    """A record of calls done once made under an older version, for a session of `new` that takes
-    it up (a `/v1` chat's first message sent again after a deploy: engine/session.py `take_up`):
-    each call renamed by the migrations `chain`."""
-    done = _DoneCalls(entries)
-    for m in chain:
-        done.apply(m)
-    return done.entries(new) if done.changed else done.kept
-
-
-class _DoneCalls:
-    """The record of calls done once (engine/once.py) through the migrations: each call's tool,
-    arguments and the paths it acts on renamed as the bot's, so the same call under the new
-    version is still the call done, and is not run again. An entry without its parts (recorded
-    by an older chatrun) stays as it was."""
-
-    def __init__(self, entries: Any):
-        self.kept: list[str] = [e for e in entries or () if isinstance(e, str)]
-        self.parts = {i: parsed[1] for i, e in enumerate(self.kept) if (parsed := once.parts_of(e)) is not None}
-        for parts in self.parts.values():
-            parts[2] = {shown(path): value for path, value in parts[2].items()}
-        self.moved: set[int] = set()
-
-    @property
-    def changed(self) -> int:
-        return len(self.moved)
-
-    def apply(self, m: MigrationConfig) -> None:
-        renames = {shown(source): shown(target) for source, target in m.state.rename.items()}
-        for i, parts in self.parts.items():
-            before = json.dumps(parts, sort_keys=True)
-            parts[0] = m.tools.get(parts[0], parts[0])
-            if parts[0] in m.arguments:
-                parts[1] = _mapped(parts[1], m.arguments[parts[0]])
-            parts[2] = {_renamed_path(path, renames): value for path, value in parts[2].items()}
-            if json.dumps(parts, sort_keys=True) != before:
-                self.moved.add(i)
-
-    def entries(self, new: BotConfig) -> list[str]:
-        """The record with each moved call under its new identity (its paths spelled as the new
-        tool's `requires` spells them)."""
-        out = list(self.kept)
-        for i in self.moved:
-            tool, args, acted = self.parts[i]
-            spelled = {path: acted[shown(path)] for path in new.tools[tool].requires if shown(path) in acted} \
-                if tool in new.tools else acted
-            out[i] = once.with_parts(self.kept[i], tool, args, spelled)
-        return out
+def older_spellings(migrations: list[MigrationConfig], tagged: str, tool: str, args: dict[str, Any],
+                    acted_on: dict[str, Any]) -> list[str]:
+    """The identities (engine/once.py) a call of the newest version has as an older version
+    spells it: the version tagged `tagged` (its tool, arguments and `requires` paths renamed back
+    through the migrations from that version on), or, untagged (an entry recorded before entries
+    said their version) or of a version no migration's `from:` names, as each version along the
+    migrations spells it. Pure: nothing is read or written."""
+    version = once.version_of(tagged)
+    named = [i for i, m in enumerate(migrations) if version is not None and m.applies_to(version)][:1]
+    starts = named or range(len(migrations) + 1)  # untagged, or a version no migration names: any of them
+    spelled = []
+    for i in starts:
+        old_tool, old_args = spelled_before(tuple(migrations[i:]), tool, args)
+        spelled.append(once.identity(old_tool, old_args, _paths_before(migrations[i:], acted_on)))
+    return spelled
 
 
 def spelled_before(moved_by: tuple[MigrationConfig, ...], tool: str, args: dict[str, Any]) -> tuple[str, Any]:
@@ -357,6 +324,19 @@ def spelled_before(moved_by: tuple[MigrationConfig, ...], tool: str, args: dict[
                     spelled[old] = spelled.pop(new)
         tool = next((old for old, new in m.tools.items() if new == tool), tool)
     return tool, spelled
+
+
+def _paths_before(moved_by: list[MigrationConfig], acted_on: dict[str, Any]) -> dict[str, Any]:
+    """The values a call acts on (by the path its tool's `requires` spells) under the paths the
+    version before the migrations `moved_by` had: each path a `state.rename` moved renamed back,
+    spelled as the new one is (with its root, or without)."""
+    out = {}
+    for path, value in acted_on.items():
+        full = shown(path)
+        for m in reversed(moved_by):
+            full = _renamed_path(full, {shown(target): shown(source) for source, target in m.state.rename.items()})
+        out[full if path.startswith(split_state_path(path)[0] + ".") else full.partition(".")[2]] = value
+    return out
 
 
 def _renamed_path(path: str, renames: dict[str, str]) -> str:

@@ -10,16 +10,27 @@ effects"). The record keeps the last DONE_KEPT calls; it is part of the snapshot
 committed and rolled back with the turn like the state.
 
 Every commit encodes the snapshot, so the record is kept small and cheap to encode: one string
-per call, `"<identity> <turn> <reply>"` (the identity is 32 hex digits, the reply what the model
-read, cut to REPLY_KEPT characters). A record of dicts cost a steady turn about a fifth of its
-CPU (bench/bench_guards.py); strings cost it about 1%.
+per call, `"<identity><tag> <turn> <reply>"` (the identity is 32 hex digits, the tag `~<version>`
+names the bot's `version:` that spells it, the reply what the model read, cut to REPLY_KEPT
+characters). A record of dicts cost a steady turn about a fifth of its CPU (bench/bench_guards.py);
+strings cost it about 1%.
+
+A migration never rewrites the record. A call the newest version makes is looked for under its
+identity as this version spells it (one search); only when none matches and the record holds
+entries of other versions is it spelled as each of those spells it (engine/migrate.py
+`older_spellings`: tool, arguments and `requires` paths renamed back) and looked for again. So an
+entry of any age matches — an untagged one, recorded before entries said their version, under any
+older spelling — and a `/v1` fork that carries entries its original recorded under the new
+version, then moves itself, does not rename them a second time (tests/test_versions_once.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import quote, unquote
 
 from chatrun.engine.conversation import Conversation
 from chatrun.engine.pending import APPROVAL, PendingItem
@@ -28,30 +39,17 @@ DONE_KEPT = 30  # the calls done once a conversation remembers, newest last
 REPLY_KEPT = 300  # characters of what the model read of a done call, kept to read it again
 
 
-class Identity(str):
-    """A call's identity (32 hex digits), with the canonical JSON it hashes (`parts`): kept in
-    the record beside it, so a migration that renames the tool, its arguments or a state path it
-    `requires` can give the call done under the old version its new identity (engine/migrate.py)."""
-
-    parts: str
-
-    def __new__(cls, digest: str, parts: str) -> Identity:
-        made = super().__new__(cls, digest)
-        made.parts = parts
-        return made
-
-
-def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> Identity:
+def identity(tool: str, args: dict[str, Any], acted_on: dict[str, Any] | None = None) -> str:
     """The identity of a call: the tool, its arguments (bound ones included) and what else it
     acts on (the values of the paths it `requires`), as canonical JSON (keys sorted, 30.0 the
     same as 30), hashed so the record stays small whatever they hold."""
     text = _CANONICAL_JSON.encode([tool, _canonical(args), _canonical(acted_on) if acted_on else {}])
-    return Identity(hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32], text)
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:_DIGITS]
 
 
 _SEP = "\x1e"  # joins the record's entries for one search (ASCII's record separator: never kept in a reply)
-_PARTS = "\x1f"  # ends an entry's reply, before the identity's parts (ASCII's unit separator: never kept either)
-PARTS_KEPT = 2000  # characters of an identity's parts kept to migrate it; a longer one is not kept
+_PARTS = "\x1f"  # ended an entry's reply, before the identity's parts, in development builds (never kept in a reply)
+_DIGITS = 32  # an identity's hex digits
 
 # One encoder for every identity (json.dumps with options makes a new one per call).
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -67,49 +65,44 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def done_before(c: Conversation, same: str) -> dict[str, Any] | None:
-    """The newest record of a call with this identity ({turn, reply}), or None."""
-    record = _SEP.join(c.done_calls)  # one search, not one per entry: this runs on every `once` call
-    at = record.rfind(same)
+def tag(version: str | None) -> str:
+    """How an entry says which version of the bot spells its identity: `~<version>` (URL-escaped:
+    no space) after the identity; '' for a bot without `version:`, and in an entry recorded before
+    entries said it (spelled by the version the session ran then, or by any before it)."""
+    return "~" + quote(version, safe="") if version else ""
+
+
+def version_of(tagged: str) -> str | None:
+    """The version a tag names (None: untagged)."""
+    return unquote(tagged[1:]) if tagged else None
+
+
+def done_before(c: Conversation, same: str, spelled_in: str = "",
+                older: Callable[[str], Iterable[str]] | None = None) -> dict[str, Any] | None:
+    """The newest record of this call ({turn, reply}), or None. `same`: its identity as the
+    version tagged `spelled_in` spells it; `older(tagged)`: its identities as an older version
+    spells it (before a migration renamed its tool, arguments or `requires` paths), asked only for
+    the tags of the entries of other versions when none of this version matches."""
+    record = _SEP + _SEP.join(c.done_calls)  # one search, not one per entry: this runs on every `once` call
+    at = record.rfind(f"{_SEP}{same}{spelled_in} ")
+    if at < 0 and older is not None:
+        others = {e[_DIGITS:e.find(" ")] for e in c.done_calls} - {spelled_in}
+        at = max((record.rfind(f"{_SEP}{i}{t} ") for t in others for i in older(t)), default=-1)
     if at < 0:
         return None
-    end = record.find(_SEP, at)
-    _, turn, reply = record[at:end if end >= 0 else len(record)].split(" ", 2)
+    end = record.find(_SEP, at + 1)
+    _, turn, reply = record[at + 1:end if end >= 0 else len(record)].split(" ", 2)
     return {"turn": int(turn), "reply": reply.partition(_PARTS)[0]}
 
 
-def remember(c: Conversation, same: str, turn: int, reply: str) -> None:
-    """A call done once joins the record (replaced, never changed in place: a checkpoint holds the old one)."""
+def remember(c: Conversation, same: str, turn: int, reply: str, spelled_in: str = "") -> None:
+    """A call done once joins the record, its identity tagged with the version that spells it
+    (replaced, never changed in place: a checkpoint holds the old one)."""
     kept = (reply if len(reply) <= REPLY_KEPT else reply[:REPLY_KEPT - 1] + "…").replace(_SEP, " ").replace(_PARTS, " ")
-    kept_calls = c.done_calls
+    key, kept_calls = f"{same}{spelled_in} ", c.done_calls
     if same in _SEP.join(kept_calls):  # a call done again (a decision's, after its placeholder): replaced
-        kept_calls = tuple(e for e in kept_calls if not e.startswith(same))
-    c.done_calls = (*kept_calls, _entry(same, f"{turn} {kept}"))[-DONE_KEPT:]
-
-
-def _entry(same: str, turn_and_reply: str) -> str:
-    """One entry of the record: `<identity> <turn> <reply>`, then the identity's parts when it
-    has them and they are not too long to keep."""
-    parts = getattr(same, "parts", "")
-    return f"{same} {turn_and_reply}" + (_PARTS + parts if parts and len(parts) <= PARTS_KEPT else "")
-
-
-def parts_of(entry: str) -> tuple[str, list[Any]] | None:
-    """An entry's identity and the parts it hashes ([tool, args, acted_on]); None for an entry
-    without them (recorded before they were kept, or too long to keep)."""
-    _, found, text = entry.partition(_PARTS)
-    try:
-        parts: Any = json.loads(text) if found else None
-    except ValueError:
-        return None
-    ok = isinstance(parts, list) and len(parts) == 3 and isinstance(parts[1], dict) and isinstance(parts[2], dict)
-    return (entry.split(" ", 1)[0], parts) if ok else None
-
-
-def with_parts(entry: str, tool: str, args: dict[str, Any], acted_on: dict[str, Any]) -> str:
-    """`entry` as the record of the same call under another identity: its tool, arguments or
-    the paths it acts on renamed by a migration (its turn and reply kept)."""
-    return _entry(identity(tool, args, acted_on), entry.partition(_PARTS)[0].split(" ", 1)[1])
+        kept_calls = tuple(e for e in kept_calls if not e.startswith(key))
+    c.done_calls = (*kept_calls, f"{key}{turn} {kept}")[-DONE_KEPT:]
 
 
 def carried(forked: list[Any] | None, original: list[Any] | None) -> list[str]:

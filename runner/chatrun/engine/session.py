@@ -33,7 +33,7 @@ from chatrun.definition.page_texts import page_texts, said
 from chatrun.engine import follow_up, guardrails, once, outcomes, tracing, user_summary
 from chatrun.engine.clock import Clock
 from chatrun.engine.conversation import NO_FACTS, Checkpoint, Conversation
-from chatrun.engine.migrate import chain_from, done_calls_of
+from chatrun.engine.migrate import chain_from
 from chatrun.engine.pausing import announce
 from chatrun.engine.pending import (
     DECISION_TYPES,
@@ -191,13 +191,12 @@ class Session:
         sent again in a front end's chat): where it came from (its calls keyed as that
         conversation's: `Conversation.keyed_as`) and the calls done once there, not run again here
         (engine/once.py `carried`). When that conversation ran another version `of` the bot, the
-        calls are renamed as its migrations say, and this first turn keys its calls by the names of
+        calls are matched under its names (engine/once.py), and this first turn keys its calls by the names of
         that version, as the conversation's first turn did (`Conversation.moved_by`). Before its first turn."""
         self._c.meta["forked_from"] = forked_from
         if of is not None:
             self._c.moved_by = chain_from(of.config, self.bot.config)
-            done = done_calls_of(done, self._c.moved_by, self.bot.config)
-        self._c.done_calls = tuple(once.carried(None, done))
+        self._c.done_calls = tuple(once.carried(None, done))  # each entry says the version that spells it
 
     @property
     def locale(self) -> str | None:
