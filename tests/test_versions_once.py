@@ -350,3 +350,34 @@ def test_a_once_call_done_two_versions_back_is_not_run_again_after_both_migratio
         session = all_three.get("/bots/desk/sessions/s").json()
     assert tool_results(fake)[-1] == DONE  # `reimburse`: a tool of version 3 alone
     assert session["state"]["refunded"] == 30 and session["state"]["account"] == {"customer": "ana"}
+
+
+def test_a_once_call_done_under_version_1_is_not_run_again_under_a_version_2_without_migrations(fake, tmp_path):
+    """Version 2 changes only the prompt (no `migrations:`): the call done under version 1 has the
+    same identity, recorded under version 1's name, and is still the call done."""
+    v2 = V1.replace('version: "1"', 'version: "2"\non_change: migrate').replace("Refund orders.", "Refund orders kindly.")
+    root = write_versions(tmp_path / "desk", {"1": V1, "2": v2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        state = both.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == DONE and state["refunded"] == 30
+
+
+def test_a_once_call_recorded_untagged_by_the_last_release_is_not_run_again_by_the_same_version(fake, tmp_path):
+    """A session of a versioned bot stored by the last release (entries without the version's tag),
+    the same version served by this one: the call is still the call done."""
+    root = write_versions(tmp_path / "desk", {"1": V1})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1")
+    old = as_the_last_release_wrote_it(tmp_path / "sessions.db", "s")
+    assert re.fullmatch(r"[0-9a-f]{32} 1 Refunded 30 on A1", old[0]), old
+    with TestClient(create_app(str(root), store)) as same:
+        said = same.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        state = same.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == DONE and state["refunded"] == 30

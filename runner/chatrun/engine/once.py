@@ -82,12 +82,14 @@ def done_before(c: Conversation, same: str, spelled_in: str = "",
     """The newest record of this call ({turn, reply}), or None. `same`: its identity as the
     version tagged `spelled_in` spells it; `older(tagged)`: its identities as an older version
     spells it (before a migration renamed its tool, arguments or `requires` paths), asked only for
-    the tags of the entries of other versions when none of this version matches."""
+    the tags of the entries of other versions when none of this version matches; without
+    migrations every version spells it alike (`same`), an untagged entry's too."""
     record = _SEP + _SEP.join(c.done_calls)  # one search, not one per entry: this runs on every `once` call
     at = record.rfind(f"{_SEP}{same}{spelled_in} ")
-    if at < 0 and older is not None:
+    if at < 0:  # entries of other versions (or untagged): the same call as each spelled it
         others = {e[_DIGITS:e.find(" ")] for e in c.done_calls} - {spelled_in}
-        at = max((record.rfind(f"{_SEP}{i}{t} ") for t in others for i in older(t)), default=-1)
+        at = max((record.rfind(f"{_SEP}{i}{t} ") for t in others for i in (older(t) if older else (same,))),
+                 default=-1)
     if at < 0:
         return None
     end = record.find(_SEP, at + 1)
