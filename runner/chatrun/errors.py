@@ -156,6 +156,17 @@ class StaleVersion(ChatrunError):
         super().__init__(text)
 
 
+class SessionQuota(ChatrunError):
+    """A new session refused by the store: its owner already has `limit` sessions
+    (--max-sessions-per-principal). Checked and counted in the store's one atomic step with the
+    session's write, so replicas creating at once never overshoot. Nothing was written."""
+
+    def __init__(self, owner: str, owned: int, limit: int):
+        self.owner, self.owned, self.limit = owner, owned, limit
+        super().__init__(f"principal {owner} already has {owned} sessions (limit {limit}, "
+                         "--max-sessions-per-principal); delete one first")
+
+
 class LeaseLost(StaleVersion):
     """A commit refused: the turn's lease on the session expired and may be someone else's now."""
 

@@ -60,9 +60,11 @@ from typing import TYPE_CHECKING, Any
 from chatrun.engine import once
 from chatrun.engine.conversation import DONE_CALLS_KEY
 from chatrun.engine.waiting import not_decided_here
+from chatrun.errors import SessionQuota
 from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.session_writes import quota_refused
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
 from chatrun.store.record import (
@@ -655,12 +657,12 @@ class TurnIndex:
     async def _fork(self, record: dict[str, Any], who: Principal | None) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
         (None when that state is gone). It is `who`'s session, so --max-sessions-per-principal
-        counts it as it counts a create (TooManyRequests at the limit)."""
+        counts it as it counts a create: checked and counted by the store with its write
+        (TooManyRequests at the limit, however many replicas fork at once)."""
         # A record written before the state had a record of its own holds it inline.
         state = record if "snapshot" in record else await self.state_at(record["session"], record["state"])
         if state is None:
             return None
-        await self.registry.opener.check_quota(who)
         old, new = record["session"], secrets.token_hex(8)
         memories: dict[str, list[Message]] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
@@ -672,9 +674,15 @@ class TurnIndex:
         now = await self.registry.store.load_session(old)  # what its original did since: done, in the fork too
         if now is not None and now.snapshot.get(DONE_CALLS_KEY):
             snapshot[DONE_CALLS_KEY] = once.carried(snapshot.get(DONE_CALLS_KEY), now.snapshot[DONE_CALLS_KEY])
-        # A new session (versions.CREATE: refused if the id exists), written like any commit.
+        # A new session (versions.CREATE: refused if the id exists), written like any commit; the
+        # store checks and counts it against its owner's limit in the same step (Commit.quota).
         written: dict[str, list[Message] | None] = dict(memories)
-        await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
+        commit = Commit.encode(new, snapshot, written, [], expected=CREATE)
+        commit.quota = self.registry.opener.max_sessions_per_principal
+        try:
+            await self.registry.store.commit_turn(commit, None)
+        except SessionQuota as exc:
+            raise quota_refused(exc) from None
         return new
 
 
