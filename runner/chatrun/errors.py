@@ -12,6 +12,7 @@
     ├── ToolRefusal              a tool call that cannot run: its message is the tool result the model reads
     ├── StaleVersion             a store refused a commit: the session is not at the version the turn started from
     │   └── LeaseLost            ... because the turn's lease on the session expired (another replica may hold it)
+    ├── SessionQuota             a store refused a new session: its owner has --max-sessions-per-principal already
     ├── SessionBusy              the session is running a turn and the request would not (or could no longer) wait
     ├── DecisionRefused          a decision on a pending item by someone who may not make it (role, self rule)
     ├── NotPending               a decision on an item that is not pending (unknown, or resolved already)
