@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 import chatrun
+from channel_support import FakeTelegram, telegram_message
 from chatrun.errors import SessionQuota
 from chatrun.server import create_app
 from chatrun.server.sessions import SessionSettings
@@ -28,6 +29,7 @@ from chatrun.store.record import Commit, owner_meta
 from chatrun.store.versions import CREATE
 from server_support import ThreadServer, write_travel
 from store_params import DISTRIBUTED, store_url
+from webhook_support import OPENAI_MODEL
 
 LIMIT = 2
 RACERS = 6  # three on each replica: at most LIMIT may make a session
@@ -178,3 +180,41 @@ def test_each_store_checks_and_counts_a_new_session_against_its_owner_limit_in_o
     assert len(refused) == RACERS - LIMIT and owned == LIMIT and len(made) == LIMIT, answers
     assert all(isinstance(a, str) for a in answers if not isinstance(a, SessionQuota)), answers  # a version
     assert all(FLAG in str(a) and a.owner == "ana" and a.limit == LIMIT for a in refused)
+
+
+TG_TOKEN, TG_SECRET = "123456:quota-token", "tg-secret-quota-0123"
+TG_BOT = """\
+name: shop
+model: {OPENAI_MODEL}
+env:
+  TG_TOKEN: {secret: true}
+  TG_SECRET: {secret: true}
+  TG_API: {}
+channels:
+  telegram: {token: TG_TOKEN, secret: TG_SECRET, api: "{{ env.TG_API }}"}
+routes:
+  main: {default: true, system: You sell tickets.}
+"""
+
+
+@pytest.mark.slow
+def test_a_channel_users_new_conversations_at_once_on_two_replicas_stop_exactly_at_the_limit(
+        fake, shared_store, tmp_path, monkeypatch):
+    """A channel's user is a principal too (`telegram:<user id>`): one user writing in RACERS chats
+    at once, the deliveries spread over two replicas, opens LIMIT conversations; the rest of the
+    deliveries are answered 429, for Telegram to send again later."""
+    with FakeTelegram(TG_TOKEN) as api:
+        for name, value in {"TG_TOKEN": TG_TOKEN, "TG_SECRET": TG_SECRET, "TG_API": api.url}.items():
+            monkeypatch.setenv(name, value)
+        fake.responder = lambda body: {"text": "Hello."}
+        (tmp_path / "bot.yaml").write_text(TG_BOT.replace("{OPENAI_MODEL}", "{" + OPENAI_MODEL + "}"))
+        met = Meeting()
+        replicas = [ThreadServer(create_app([str(tmp_path / "bot.yaml")], store=_counts_met(open_async_store(
+            shared_store), met), sessions=SessionSettings(max_sessions_per_principal=LIMIT))) for _ in range(2)]
+        with replicas[0], replicas[1]:
+            met.arm(RACERS)
+            answers = _race(replicas, lambda url, n: httpx.post(
+                f"{url}/channels/shop/telegram", json=telegram_message(100 + n, "hi", user=7, chat=1000 + n),
+                headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET}, timeout=60))
+    assert sorted(a.status_code for a in answers) == [200] * LIMIT + [429] * (RACERS - LIMIT), [a.text for a in answers]
+    assert asyncio.run(_owned(shared_store, "telegram:7")) == LIMIT
