@@ -382,7 +382,7 @@ class TurnIndex:
                 if since is not None:
                     yield Opened(session, CONTINUED, caught_up=since)
                     return
-            fork_id = await self._fork(record, who)
+            fork_id = await self._fork(record)
             if fork_id is not None:
                 await self._left(ident, who, record["session"])
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
@@ -654,9 +654,9 @@ class TurnIndex:
                         for mid, kept in delta["memories"].items()}
         return {"snapshot": (chain[0] if chain else state)["snapshot"], "memories": memories}
 
-    async def _fork(self, record: dict[str, Any], who: Principal | None) -> str | None:
+    async def _fork(self, record: dict[str, Any]) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
-        (None when that state is gone). It is `who`'s session, so --max-sessions-per-principal
+        (None when that state is gone). It is its owner's session, so --max-sessions-per-principal
         counts it as it counts a create: checked and counted by the store with its write
         (TooManyRequests at the limit, however many replicas fork at once)."""
         # A record written before the state had a record of its own holds it inline.
