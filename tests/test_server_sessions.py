@@ -84,7 +84,7 @@ def test_a_principal_may_own_at_most_the_configured_number_of_sessions(fake, tra
     with TestClient(app) as c:
         assert [c.post("/bots/travel/sessions", json={"id": f"a{i}"}, headers=ana).status_code for i in range(2)] == [201, 201]
         third = c.post("/bots/travel/sessions", json={"id": "a2"}, headers=ana)
-        assert third.status_code == 429 and "ana already has 2 sessions (limit 2)" in third.json()["message"]
+        assert third.status_code == 429 and "ana already has 2 sessions (limit 2, --max-sessions-per-principal)" in third.json()["message"]
         assert c.delete("/bots/travel/sessions/a0", headers=ana).status_code == 204
         assert c.post("/bots/travel/sessions", json={"id": "a2"}, headers=ana).status_code == 201
 
@@ -129,7 +129,7 @@ def test_a_v1_fork_is_a_session_the_principal_limit_counts(fake, travel, tmp_pat
     assert answers[1].json()["chatrun"]["how"] == "continued"
     error = answers[-1].json()["error"]
     assert error["code"] == "too_many_requests"
-    assert "ana already has 1 sessions (limit 1); delete one first" in error["message"]
+    assert "ana already has 1 sessions (limit 1, --max-sessions-per-principal); delete one first" in error["message"]
     assert SQLiteStore(tmp_path / "c.db").count_owned("ana") == 1
 
 

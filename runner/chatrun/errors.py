@@ -12,6 +12,7 @@
     ├── ToolRefusal              a tool call that cannot run: its message is the tool result the model reads
     ├── StaleVersion             a store refused a commit: the session is not at the version the turn started from
     │   └── LeaseLost            ... because the turn's lease on the session expired (another replica may hold it)
+    ├── SessionQuota             a store refused a new session: its owner has --max-sessions-per-principal already
     ├── SessionBusy              the session is running a turn and the request would not (or could no longer) wait
     ├── DecisionRefused          a decision on a pending item by someone who may not make it (role, self rule)
     ├── NotPending               a decision on an item that is not pending (unknown, or resolved already)
@@ -154,6 +155,17 @@ class StaleVersion(ChatrunError):
         else:
             text = f"session {session_id} is at version {found}, not {expected}: another request committed first"
         super().__init__(text)
+
+
+class SessionQuota(ChatrunError):
+    """A new session refused by the store: its owner already has `limit` sessions
+    (--max-sessions-per-principal). Checked and counted in the store's one atomic step with the
+    session's write, so replicas creating at once never overshoot. Nothing was written."""
+
+    def __init__(self, owner: str, owned: int, limit: int):
+        self.owner, self.owned, self.limit = owner, owned, limit
+        super().__init__(f"principal {owner} already has {owned} sessions (limit {limit}, "
+                         "--max-sessions-per-principal); delete one first")
 
 
 class LeaseLost(StaleVersion):

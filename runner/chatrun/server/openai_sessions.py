@@ -60,9 +60,11 @@ from typing import TYPE_CHECKING, Any
 from chatrun.engine import once
 from chatrun.engine.conversation import DONE_CALLS_KEY
 from chatrun.engine.waiting import not_decided_here
+from chatrun.errors import SessionQuota
 from chatrun.messages import AssistantMessage, Message, UserMessage, message_from_dict
 from chatrun.server import wire
 from chatrun.server.auth import Principal
+from chatrun.server.session_writes import quota_refused
 from chatrun.server.sessions import EXISTING, NEW, SessionRegistry
 from chatrun.store.local import RecordOps
 from chatrun.store.record import (
@@ -380,7 +382,7 @@ class TurnIndex:
                 if since is not None:
                     yield Opened(session, CONTINUED, caught_up=since)
                     return
-            fork_id = await self._fork(record, who)
+            fork_id = await self._fork(record)
             if fork_id is not None:
                 await self._left(ident, who, record["session"])
                 async with registry.session(ident.bot, fork_id, who, EXISTING) as session:
@@ -652,15 +654,15 @@ class TurnIndex:
                         for mid, kept in delta["memories"].items()}
         return {"snapshot": (chain[0] if chain else state)["snapshot"], "memories": memories}
 
-    async def _fork(self, record: dict[str, Any], who: Principal | None) -> str | None:
+    async def _fork(self, record: dict[str, Any]) -> str | None:
         """A new session in the store: the recorded one as it was right after the recorded turn
-        (None when that state is gone). It is `who`'s session, so --max-sessions-per-principal
-        counts it as it counts a create (TooManyRequests at the limit)."""
+        (None when that state is gone). It is its owner's session, so --max-sessions-per-principal
+        counts it as it counts a create: checked and counted by the store with its write
+        (TooManyRequests at the limit, however many replicas fork at once)."""
         # A record written before the state had a record of its own holds it inline.
         state = record if "snapshot" in record else await self.state_at(record["session"], record["state"])
         if state is None:
             return None
-        await self.registry.opener.check_quota(who)
         old, new = record["session"], secrets.token_hex(8)
         memories: dict[str, list[Message]] = {
             renamed_id(mid, old, new): [message_from_dict(d) for d in messages]
@@ -672,9 +674,15 @@ class TurnIndex:
         now = await self.registry.store.load_session(old)  # what its original did since: done, in the fork too
         if now is not None and now.snapshot.get(DONE_CALLS_KEY):
             snapshot[DONE_CALLS_KEY] = once.carried(snapshot.get(DONE_CALLS_KEY), now.snapshot[DONE_CALLS_KEY])
-        # A new session (versions.CREATE: refused if the id exists), written like any commit.
+        # A new session (versions.CREATE: refused if the id exists), written like any commit; the
+        # store checks and counts it against its owner's limit in the same step (Commit.quota).
         written: dict[str, list[Message] | None] = dict(memories)
-        await self.registry.store.commit_turn(Commit.encode(new, snapshot, written, [], expected=CREATE), None)
+        commit = Commit.encode(new, snapshot, written, [], expected=CREATE)
+        commit.quota = self.registry.opener.max_sessions_per_principal
+        try:
+            await self.registry.store.commit_turn(commit, None)
+        except SessionQuota as exc:
+            raise quota_refused(exc) from None
         return new
 
 

@@ -185,14 +185,13 @@ class SessionOpener:
         elif request.mode == EXISTING:
             raise not_found(request.session_id)
         else:
-            await self.check_quota(request.principal)
             bot = versions.for_new(request.session_id, request.version)
             buffer = TurnBuffer(request.session_id, records=self.records, track_committed=True, lean=True)
             version, committed = CREATE, None
         slot.session = self._build(replace(request, bot=bot), buffer)
         slot.buffer, slot.version, slot.committed = buffer, version, committed
-        if version == CREATE:
-            await self.writes.commit(slot, request.session_id, lease)
+        if version == CREATE:  # the store checks the owner's limit and counts the session in one step
+            await self.writes.commit(slot, request.session_id, lease, self.max_sessions_per_principal)
 
     async def refuse_unreached(self, request: SessionRequest) -> None:
         """Not found, unless the stored session is the caller's to reach: what a request that found
@@ -255,19 +254,6 @@ class SessionOpener:
         """The versions of `bot` this replica holds (served, or loaded from the store)."""
         held = self.shelf.bots.get(bot.name)
         return [v.bot for v in held.versions] if held is not None else []
-
-    async def check_quota(self, principal: Principal | None) -> None:
-        """TooManyRequests when `principal` owns --max-sessions-per-principal sessions already:
-        asked before every session a request makes (a create, a /v1 fork)."""
-        limit = self.max_sessions_per_principal
-        if not limit or principal is None:
-            return
-        owned = await self.store.count_owned(principal.name)
-        if owned >= limit:
-            raise wire.RequestFailed(
-                wire.TOO_MANY_REQUESTS,
-                f"principal {principal.name} already has {owned} sessions (limit {limit}); delete one first",
-            )
 
     def _build(self, request: SessionRequest, buffer: TurnBuffer) -> Session:
         principal = request.principal

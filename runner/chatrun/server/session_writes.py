@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from chatrun.engine import guardrails
+from chatrun.errors import SessionQuota
 from chatrun.server import wire
 from chatrun.server.session_cache import Hold, SessionCache, Slot
 from chatrun.store.aio import AsyncStore, Lease, scrub
@@ -40,15 +41,20 @@ class SessionWrites:
             self._committed = asyncio.Event()
         return self._committed
 
-    async def commit(self, slot: Slot, session_id: str, lease: Lease) -> Commit | None:
-        """Write what the request's turns committed to the slot's buffer, if anything: the commit written."""
+    async def commit(self, slot: Slot, session_id: str, lease: Lease, quota: int = 0) -> Commit | None:
+        """Write what the request's turns committed to the slot's buffer, if anything: the commit
+        written. `quota`: a new session's owner's limit (Commit.quota), which the store checks."""
         assert slot.buffer is not None
         commit = slot.buffer.take()
         if commit is None:
             return None
         expected = commit.expected = slot.version if slot.version is not None else CREATE
+        commit.quota = quota
         try:
             version = await self.store.commit_turn(commit, lease)
+        except SessionQuota as exc:
+            self.cache.drop(slot)
+            raise quota_refused(exc) from None
         except StaleVersion as exc:
             self.cache.drop(slot)
             if expected == CREATE:
@@ -103,3 +109,9 @@ def exists(session_id: str) -> wire.RequestFailed:
         wire.SESSION_EXISTS,
         f"session {session_id!r} already exists; to continue it send Connect with \"resume\": true",
     )
+
+
+def quota_refused(exc: SessionQuota) -> wire.RequestFailed:
+    """What a new session the store refused at its owner's limit answers (HTTP 429): the one
+    answer of every door that makes a session (a create, a /v1 conversation or fork, a channel's)."""
+    return wire.RequestFailed(wire.TOO_MANY_REQUESTS, str(exc))

@@ -138,6 +138,8 @@ class LocalAsyncStore:
         return await self._call(self._commit_as_dicts, commit)
 
     def _commit_as_dicts(self, commit: Commit) -> str:
+        if commit.quota_owner is not None and self._owners is not None:  # a user's store: read, then written
+            commit.check_quota(self._owners.count_owned(commit.quota_owner))
         outcome = None if commit.outcome is None else (commit.outcome[0], from_json(commit.outcome[1]))
         version = self.sync.commit_turn(
             commit.session_id, from_json(commit.snapshot_json), commit.memories,

@@ -266,6 +266,8 @@ class InMemoryStore:
         with self._lock:
             current = self._versions.get(session_id)
             check_version(session_id, commit.expected, current)
+            if commit.quota_owner is not None:  # checked and counted under the one lock
+                commit.check_quota(self._flat.tallies(TALLY_OWNER, [commit.quota_owner]).get(commit.quota_owner, 0))
             version = self._versions[session_id] = next_version(current)
             self._sessions[session_id] = commit.snapshot_json
             self._owners[session_id] = commit.owner

@@ -383,6 +383,8 @@ class PostgresStore:
             current = None if row is None else str(row[0])
             if (expected == CREATE and current is not None) or (expected != CREATE and current != expected):
                 raise StaleVersion(session_id, expected, current)
+            if commit.quota_owner is not None:
+                commit.check_quota(await _lock_owned(conn, commit.quota_owner))
             version = next_version(current)
             await _remember(conn, commit, self.clock())
             async with conn.pipeline():  # the writes, sent together: one round trip, not one per statement
@@ -651,6 +653,18 @@ async def _replace_waiting(conn: Any, session_id: str, waiting: WaitingEntry | N
         async with conn.cursor() as cur:
             await cur.executemany("INSERT INTO waiting_index (key, position, session_id) VALUES (%s, %s, %s)",
                                   [(key, at, session_id) for key, at in waiting.positions.items()])
+
+
+async def _lock_owned(conn: Any, owner: str) -> int:
+    """How many sessions `owner` has, its tally row locked until the transaction ends: one
+    statement, so two replicas creating the owner's sessions at once count one after the other
+    (the second waits for the first's commit and reads its count). A new owner's row is made
+    with 0; a refused commit rolls it back. Owner rows sort first of the tallies
+    (_move_tallies' order): no deadlock."""
+    row = await (await conn.execute(
+        "INSERT INTO tallies (family, name, n) VALUES (%s, %s, 0) ON CONFLICT (family, name) "
+        "DO UPDATE SET n = tallies.n RETURNING n", (TALLY_OWNER, owner))).fetchone()
+    return int(row[0])
 
 
 async def _move_tallies(conn: Any, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> None:

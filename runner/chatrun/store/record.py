@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
-from chatrun.errors import ChatrunError
+from chatrun.errors import ChatrunError, SessionQuota
 from chatrun.messages import (
     AssistantMessage,
     Message,
@@ -34,6 +34,7 @@ from chatrun.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from chatrun.store.versions import CREATE
 
 JSONObject = dict[str, Any]  # a JSON object as json.loads returns it
 
@@ -778,6 +779,21 @@ class Commit:
     # Where the engine's snapshot ends in snapshot_json when the committed turn was appended to
     # it (encode's `committed`): `engine_snapshot_json()`. -1: not known.
     engine_end: int = field(default=-1, repr=False)
+    # A new session's (expected versions.CREATE): the most sessions its owner may have, this one
+    # not counted yet (--max-sessions-per-principal; 0: no limit). The store checks the owner's
+    # tally and counts the session in one atomic step with its write (`check_quota`).
+    quota: int = 0
+
+    @property
+    def quota_owner(self) -> str | None:
+        """The owner whose tally this commit must find under `quota`, or None: no check."""
+        return self.owner if self.quota > 0 and self.expected == CREATE and self.owner is not None else None
+
+    def check_quota(self, owned: int) -> None:
+        """SessionQuota when this new session's owner has `owned` >= `quota` sessions already:
+        called by each store inside the atomic step that writes the commit."""
+        if self.quota_owner is not None and owned >= self.quota:
+            raise SessionQuota(self.quota_owner, owned, self.quota)
 
     @classmethod
     def encode(

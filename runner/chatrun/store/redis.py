@@ -210,7 +210,9 @@ return 1
 #       user-memory count, (record key, its name, the text read before or '', the new text or '')...,
 #       memory count, (memory id, messages or '' to delete)..., entry count, entries...,
 #       outbox count, (id, due, entry, route queue, route)..., due ('' none), pending count,
-#       prefix, tallies, waiting entry ('' none), position count, (index key, position)... (_FLAT_LUA)
+#       prefix, tallies, waiting entry ('' none), position count, (index key, position)... (_FLAT_LUA),
+#       and last the quota ('0' none; Commit.quota): a new session is refused ('quota', the count)
+#       when its owner's set (KEYS[7], what count_owned counts) has that many, checked with the write
 # (KEYS[9] is the outbox's set of routes: each entry goes to its route's queue, see _CLAIM)
 # The user's memory (store/user_memory.py) is a compare-and-set: each record is written only if
 # it is still the text the caller read; if one changed ('memory'), nothing is written and the
@@ -224,6 +226,11 @@ if ARGV[2] == '' then
   if cur then return {'stale', cur} end
 elseif cur ~= ARGV[2] then
   return {'stale', cur or ''}
+end
+local quota = tonumber(ARGV[#ARGV])
+if not cur and quota > 0 and ARGV[10] ~= '' then
+  local owned = redis.call('SCARD', KEYS[7])
+  if owned >= quota then return {'quota', tostring(owned)} end
 end
 local remembered = tonumber(ARGV[11])
 for j = 12, 11 + 4 * remembered, 4 do
@@ -618,6 +625,7 @@ class RedisStore:
             args += [entry.id, entry.due, entry.to_json(), self._queue(entry.route), entry.route]
         args += ["" if commit.due is None else commit.due, commit.pending_count]
         args += [self.prefix, tallies_json(commit.tallies), *_waiting_args(commit.waiting)]
+        args.append(commit.quota if commit.quota_owner is not None else 0)
         keys = [self._key(k, session_id) for k in ("s", "h", "l", "r", "ro")]
         keys += [f"{self.prefix}sessions", f"{self.prefix}o:{owner or ''}", self._outbox_keys[0], self._outbox_keys[3],
                  *self._pending_keys, self._idle_key(commit.bot or ""), f"{self.prefix}recs", f"{self.prefix}rs"]
@@ -633,6 +641,8 @@ class RedisStore:
             raise LeaseLost(session_id)
         if status == "stale":
             raise StaleVersion(session_id, expected, detail or None)
+        if status == "quota":
+            commit.check_quota(int(detail))
         return str(detail)
 
     async def _remembered_args(self, commit: Commit, now: float) -> list[str | int | float]:

@@ -369,6 +369,10 @@ class SQLiteStore:
                                (session_id,)).fetchone()
             current = None if row is None else row[0] or LEGACY_VERSION
             check_version(session_id, commit.expected, current)
+            if commit.quota_owner is not None:  # in the write transaction (BEGIN IMMEDIATE): no other writer between
+                owned = conn.execute("SELECT n FROM tallies WHERE family = ? AND name = ?",
+                                     (TALLY_OWNER, commit.quota_owner)).fetchone()
+                commit.check_quota(0 if owned is None else int(owned[0]))
             old_tallies, old_pending = (None, 0) if row is None else (row[1], row[2])
             version = next_version(current)
             conn.execute(
