@@ -196,7 +196,9 @@ def slack_message(event_id: str, text: str, user: str = "U42", channel: str = "D
     if thread_ts:
         event["thread_ts"] = thread_ts
     return {"token": "verification-token-unused", "team_id": "T1", "api_app_id": "A1", "event": event,
-            "type": "event_callback", "event_id": event_id, "event_time": 1764950400}
+            "type": "event_callback", "event_id": event_id, "event_time": 1764950400,
+            "authorizations": [{"enterprise_id": None, "team_id": "T1", "user_id": "B1", "is_bot": True,
+                                "is_enterprise_install": False}]}  # the bot's user: `<@B1>` mentions it
 
 
 def slack_edit(event_id: str, edited: dict[str, Any], text: str, edit_ts: str = "1764950460.000100") -> dict[str, Any]:

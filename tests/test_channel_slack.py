@@ -161,6 +161,27 @@ def test_a_persons_edit_in_a_thread_is_told_there_and_unfurls_and_the_bots_own_u
     assert len(fake.requests) == 1
 
 
+def test_an_edited_mention_outside_a_thread_is_told_in_its_thread_and_an_edited_chatter_is_not(client, slack, fake):
+    """A mention outside a thread is answered (in a thread on it), so its edit is told there,
+    once, like an edit in a thread; a channel's chatter outside a thread is not answered, and
+    neither is its edit (the bot is named by the event's `authorizations`)."""
+    mention = slack_message("Ev1", "<@B1> helo", channel="C7", ts="100.1", kind="app_mention")
+    chatter = slack_message("Ev2", "lunch?", channel="C7", ts="101.0")
+    for payload in (mention, chatter):
+        post_event(client, payload)
+    wait_until(lambda: texts(slack), what="the reply")
+    as_message = {**mention, "event": {**mention["event"], "type": "message"}}  # message.channels' copy
+    for event in (slack_edit("Ev3", as_message, "<@B1> hello"), slack_edit("Ev4", as_message, "<@B1> hello!"),
+                  slack_edit("Ev5", chatter, "lunch at 1?")):
+        assert post_event(client, event).status_code == 200
+    wait_until(lambda: len(texts(slack)) == 2, what="the notice")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert [(c["channel"], c["thread_ts"], c["text"]) for c in slack.calls("chat.postMessage")] == [
+        ("C7", "100.1", "You said <@B1> helo."),
+        ("C7", "100.1", "I do not read edited messages, so your edit changed nothing. Please send the message again.")]
+    assert len(fake.requests) == 1
+
+
 def test_the_users_confirmation_is_block_kit_buttons_and_a_press_decides_it(client, slack):
     post_event(client, slack_message("Ev1", "book Hamlet"))
     wait_until(lambda: texts(slack), what="the question")

@@ -103,6 +103,23 @@ def test_a_message_gets_one_reply_in_its_chat_as_its_sender(client, telegram):
                         [{"text": "Theatre tonight", "callback_data": "theatre"}]]
 
 
+def test_a_channels_post_and_its_edit_are_both_unanswered(client, telegram, fake):
+    """A bot that is an admin of a Telegram channel receives its posts (`channel_post`, no
+    `from`: the channel speaks, not a person) and their edits (`edited_channel_post`). The bot
+    answers no channel posts, deliberately (a reply would be a post to all its subscribers), so
+    an edit of one is not told `channel_edited` either: both are acknowledged and run nothing."""
+    channel = {"id": -1001234, "type": "channel", "title": "News"}
+    post = {"message_id": 5, "date": 1764950400, "chat": channel, "sender_chat": channel, "text": "Sale today"}
+    for update in ({"update_id": 1, "channel_post": post},
+                   {"update_id": 2, "edited_channel_post": {**post, "text": "Sale today!", "edit_date": 1764950460}}):
+        assert deliver(client, update).status_code == 200
+    assert deliver(client, telegram_message(3, "hello")).status_code == 200
+    wait_until(lambda: texts(telegram), what="the reply to the person")
+    wait_until(lambda: outbox_empty(client), what="the outbox emptied")
+    assert [(s["chat_id"], s["text"]) for s in telegram.calls("sendMessage")] == [(42, "You said hello.")]
+    assert len(fake.requests) == 1
+
+
 def test_the_sender_is_the_principal_with_the_roles_the_auth_file_gives_it(tmp_path, fake, telegram, monkeypatch):
     for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
                         ("CHATRUN_OUTBOX_POLL", "0.2")):

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from twilio.request_validator import RequestValidator
 
+from chatrun.definition.loader import check_bot
 from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.channels.base import session_id_for
 from server_support import app_for_testclient
@@ -795,3 +796,36 @@ def test_the_greeting_is_the_bots_page_phone_greeting_in_its_first_locale(tmp_pa
         twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
     assert re.findall(r'welcomeGreeting="[^"]*"', twiml) == ['welcomeGreeting="Guten Tag, hier ist die Kartenhotline."']
     assert 'language="de-DE"' in twiml
+
+
+def test_a_plain_greeting_in_a_bot_with_locales_is_warned_of_and_a_t_greeting_is_said_in_the_first_locale(
+        tmp_path, fake, monkeypatch):
+    """`chatrun validate` said nothing of a bot with `locales:` whose phone `greeting:` is plain
+    text: the bot's every caller heard it as written, whatever the bot's languages. It is warned
+    of at its line, saying what to write (`{{ t('key') }}`, or the catalogs' `page.phone_greeting`,
+    which is said instead and silences it); and a greeting written so, which failed each call's
+    TwiML (`t()` had no catalogs there), is said in the bot's first locale."""
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    greeting = "auth_token: TWILIO_AUTH_TOKEN\n    greeting: GREETING"
+    bot = SPEAK_BOT.replace("LOCALES", "[de, en]").replace("enum: [en, de]", "enum: [de]") \
+        .replace("auth_token: TWILIO_AUTH_TOKEN", greeting)
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "de.yaml").write_text("prompt: Hallo.\nhello: Guten Tag, hier ist die Kartenhotline.\n")
+    (tmp_path / "locales" / "en.yaml").write_text("prompt: Hi.\nhello: Hello, this is the ticket line.\n")
+
+    def greeting_warnings(text: str) -> list[tuple[int, str]]:
+        (tmp_path / "bot.yaml").write_text(bot.replace("GREETING", text))
+        return [(d.line, d.message) for d in check_bot(tmp_path / "bot.yaml")[1] if "greeting" in d.message]
+
+    assert greeting_warnings("Hello, this is the ticket line.") == [(8, (
+        "`channels.twilio.greeting` is sent to the user untranslated: the bot declares `locales:`, so write it as "
+        "`{{ t('key') }}` with the key in each catalog (docs/i18n.md)"))]
+    for tag, said in (("de", "Guten Tag."), ("en", "Hello.")):
+        (tmp_path / "locales" / f"{tag}.yaml").write_text(f"prompt: Hi.\nhello: Hi.\npage:\n  phone_greeting: {said}\n")
+    assert greeting_warnings("Hello, this is the ticket line.") == []  # page.phone_greeting is said instead
+    for tag, said in (("de", "Guten Tag, hier ist die Kartenhotline."), ("en", "Hello, this is the ticket line.")):
+        (tmp_path / "locales" / f"{tag}.yaml").write_text(f"prompt: Hi.\nhello: {said}\n")
+    assert greeting_warnings("\"{{ t('hello') }}\"") == []
+    with TestClient(app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}")) as client:
+        twiml = signed_post(client, "/channels/phone/twilio", call_params()).text
+    assert re.findall(r'welcomeGreeting="[^"]*"', twiml) == ['welcomeGreeting="Guten Tag, hier ist die Kartenhotline."']

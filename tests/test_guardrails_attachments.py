@@ -98,6 +98,20 @@ def test_a_storage_guard_keeps_a_files_name_out_of_the_store(write_bot, fake, tm
     assert b"ann@example.com" not in kept and b"from [email]" in kept
 
 
+@pytest.mark.parametrize("media_type, outcome", [("text/4111-1111-1111-1111", "block"),
+                                                 ("text/x.ask-my-lawyer", "operator")])
+def test_a_declared_media_type_the_model_would_read_is_judged_like_the_name(write_bot, fake, media_type, outcome):
+    """The client declares a file's media type, and a route taking `text/*` takes any subtype: it
+    reached the model in `[attached: NAME (TYPE, size)]` unjudged, so a card number or a word a
+    guard hands over got through in it. It is judged with the name, with the same outcomes."""
+    typed = chatrun.load_bot(write_bot(BOT.replace("kinds: [text/plain, application/pdf]", "kinds: [text/*]")))
+    session = typed.session(blobs=MemoryBlobs())
+    events = sent_with(session, b"plain words", media_type, "notes.txt")
+    assert fake.requests == []
+    found = [e.data for e in events if e.type == "Guardrail"]
+    assert [g["outcome"] for g in found] == [outcome]
+
+
 def test_a_file_with_a_harmless_name_passes_as_it_was_sent(bot, fake):
     fake.queue({"text": "Read."})
     sent_with(bot.session(blobs=MemoryBlobs()), b"plain words", "text/plain", "notes.txt")

@@ -50,14 +50,14 @@ def index_into(root: Path, url: str) -> str:
 
 def shared_library(root: Path, url: str) -> Library:
     config, _ = load_config(root)
-    return Library(root, config.knowledge, config.model, open_index(root, config.name, url))
+    return Library(root, config.knowledge, config.model, open_index(config, url))
 
 
 @pytest.mark.slow
 def test_chatrun_index_builds_the_shared_index_once_and_then_reads_only_what_changed(tmp_path, postgres_server):
     root, url = helpcentre(tmp_path), postgres_server.url()
     first = index_into(root, url)
-    assert "3 files in 1 source, 3 read, 0 removed;" in first and "(bot helpcentre)" in first
+    assert "3 files in 1 source, 3 read, 0 removed;" in first and "(bot helpcentre#" in first
     assert not (root / ".chatrun").exists()  # nothing in the bot's folder
     assert "3 read" not in index_into(root, url) and ", 0 read, 0 removed" in index_into(root, url)
     (root / "help" / "returns.md").write_text("# Returns\n\n## Refund window\n\nReturn it within 60 days.\n")
@@ -70,6 +70,50 @@ def test_chatrun_index_builds_the_shared_index_once_and_then_reads_only_what_cha
         hits = library.search("refund window", ["help_centre"], 5)
         assert hits[0].ref == "returns.md#refund-window" and "60 days" in hits[0].text
         assert library.cited("See [returns.md#refund-window].", ["help_centre"])[0].title == "Returns › Refund window"
+    finally:
+        library.close()
+
+
+@pytest.mark.slow
+def test_two_bots_of_one_name_sharing_a_database_each_search_their_own_passages(tmp_path, postgres_server):
+    """Rows were keyed by the bot's name alone: a second bot named `helpcentre` (a staging copy
+    with other articles) indexed into the same database replaced the first one's passages, and
+    the first one's search returned the second one's. The key names the bot's sources too."""
+    url, first = postgres_server.url(), helpcentre(tmp_path)
+    second = tmp_path / "staging"
+    (second / "faq").mkdir(parents=True)
+    (second / "bot.yaml").write_text((first / "bot.yaml").read_text().replace("path: help", "path: faq"))
+    (second / "faq" / "gifts.md").write_text("# Gift cards\n\n## Balance\n\nA gift card's balance never expires.\n")
+    index_into(first, url)
+    index_into(second, url)
+    libraries = [shared_library(root, url) for root in (first, second)]
+    try:
+        found = [{h.ref.split("#")[0] for question in ("gift card balance", "refund window")
+                  for h in library.search(question, ["help_centre"], 5)} for library in libraries]
+        assert "returns.md" in found[0] and "gifts.md" not in found[0]
+        assert found[1] == {"gifts.md"}
+    finally:
+        for library in libraries:
+            library.close()
+
+
+@pytest.mark.slow
+def test_an_index_kept_under_the_bots_bare_name_is_found_not_read_again(tmp_path, postgres_server):
+    """An index written by an earlier release (its rows keyed by the bot's name alone) is taken
+    over by the first refresh under the new key: no file is read again, and it answers."""
+    from chatrun.knowledge.pg_index import PgIndex
+
+    root, url = helpcentre(tmp_path), postgres_server.url()
+    config, _ = load_config(root)
+    old = Library(root, config.knowledge, config.model, PgIndex(url, config.name))
+    try:
+        assert old.refresh().changed == 3
+    finally:
+        old.close()
+    assert ", 0 read, 0 removed" in index_into(root, url)
+    library = shared_library(root, url)
+    try:
+        assert library.search("refund window", ["help_centre"], 5)
     finally:
         library.close()
 
@@ -323,7 +367,8 @@ def shared_passages(url: str, bot: str = "site") -> dict[str, tuple[int, str]]:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT id, path, anchor, body FROM knowledge_passages WHERE bot = %s", (bot,)).fetchall()
+        rows = conn.execute("SELECT id, path, anchor, body FROM knowledge_passages WHERE split_part(bot, '#', 1) = %s",
+                            (bot,)).fetchall()
     return {f"{p}#{a}" if a else p: (i, b) for i, p, a, b in rows}
 
 
@@ -346,7 +391,7 @@ def test_chatrun_index_puts_a_sitemap_into_the_shared_index_and_two_readers_cite
         root, base = web_bot(tmp_path, site.url), site.url
         code, out, err = index_web(root, url)
         assert code == 0, err
-        assert "5 pages in 1 source, 4 read, 0 removed;" in out and "(bot site)" in out, out
+        assert "5 pages in 1 source, 4 read, 0 removed;" in out and "(bot site#" in out, out
         assert f"{base}/private/salaries is disallowed by its host's robots.txt" in err
         assert not (root / ".chatrun").exists()  # nothing in the bot's folder
         readers = [shared_library(root, url) for _ in range(2)]

@@ -60,7 +60,7 @@ def index(path: str, quiet: bool, store_url: str | None) -> None:
             click.echo(f"{path}: the bot declares no `knowledge:` sources; nothing to index")
             return
         library = Library(config.root or ".", config.knowledge, config.model,
-                          open_index(config.root or ".", config.name, shared))
+                          open_index(config, shared))
         files = plan(library.root, config.knowledge.values())
         pages = library.list_web()  # the web sources' pages (sitemaps fetched): only `chatrun index` fetches
         length = len(files) + sum(len(listing.urls) for listing in pages)

@@ -2024,9 +2024,19 @@ def _channel_checks(checker: _Checker) -> None:
                             f"declare it under `env:`{suggest(name, config.env)}", *at, key)
         for key in CHANNEL_TEMPLATES.get(kind, ()):
             text = channel.options.get(key)
-            if isinstance(text, str):
-                checker.template(text, f"`channels.{kind}.{key}`", (*at, key), None, ("env",))
+            if isinstance(text, str):  # a greeting is said: untranslated in a bot with `locales:`
+                checker.template(text, f"`channels.{kind}.{key}`", (*at, key), None, ("env",),
+                                 said=key == "greeting" and not _phone_greeting_given(config))
     _phone_handoff_check(checker)
+
+
+def _phone_greeting_given(config: BotConfig) -> bool:
+    """Whether the bot's catalogs give `page.phone_greeting`, said instead of the channel's
+    `greeting:` (server/channels/twilio.py `welcome_greeting`)."""
+    from chatrun.definition.page_texts import page_texts
+
+    catalogs = config.catalogs
+    return catalogs is not None and bool(page_texts(catalogs, catalogs.default)["phone_greeting"])
 
 
 def _phone_handoff_check(checker: _Checker) -> None:

@@ -206,25 +206,33 @@ def judge(guards: Iterable[GuardrailConfig], stage: str, text: str) -> Verdict:
     return verdict
 
 
-def renamed(attachments: tuple[Attachment, ...], names: list[str]) -> tuple[Attachment, ...]:
-    """`attachments` with the names an input guard redacted (what a model reads of each file)."""
-    return tuple(a if a.name == name else replace(a, name=name) for a, name in zip(attachments, names, strict=True))
+def file_texts(attachments: tuple[Attachment, ...]) -> list[str]:
+    """What a model reads of each file as text, which guards judge: its name and the media type
+    its client declared (`[attached: NAME (TYPE, size)]`; a PDF's filename), in that order."""
+    return [text for a in attachments for text in (a.name, a.media_type)]
+
+
+def renamed(attachments: tuple[Attachment, ...], texts: list[str]) -> tuple[Attachment, ...]:
+    """`attachments` with the names and media types (in `file_texts`' order) a guard redacted."""
+    said = zip(texts[0::2], texts[1::2], strict=True)
+    return tuple(a if (a.name, a.media_type) == (name, media_type) else replace(a, name=name, media_type=media_type)
+                 for a, (name, media_type) in zip(attachments, said, strict=True))
 
 
 def judged_message(guards: tuple[GuardrailConfig, ...], message: UserMessage) -> tuple[UserMessage, bool]:
-    """A user message judged by the local input `guards`, its text and its files' names, as a turn
-    judges its own (`Guardrails.check_input`): redacted, and whether a guard stopped it."""
+    """A user message judged by the local input `guards`, its text and its files' names and media
+    types, as a turn judges its own (`Guardrails.check_input`): redacted, and whether a guard stopped it."""
     verdict = judge(guards, "input", message.content)
-    names = []
-    for attachment in message.attachments:
+    texts = []
+    for text in file_texts(message.attachments):
         if verdict.stopped_by is not None:
             break
-        name = judge(guards, "input", attachment.name)
-        verdict.stopped_by = name.stopped_by
-        names.append(name.text)
+        judged = judge(guards, "input", text)
+        verdict.stopped_by = judged.stopped_by
+        texts.append(judged.text)
     if verdict.stopped_by is not None:
         return message, True
-    return UserMessage(verdict.text, renamed(message.attachments, names)), False
+    return UserMessage(verdict.text, renamed(message.attachments, texts)), False
 
 
 WHOLE_TEXT = ("language", "moderation")  # the kinds a seeded conversation's turn judges (`check_seeded`)
@@ -391,11 +399,12 @@ class Guardrails:
             self.report(verdict, "input")
             self.t.user_message, stopped = verdict.text, verdict.stopped_by
         if stopped is None and (self.t.data or self.t.attachments):
-            # The names of the files sent are text a model reads (`[attached: NAME ...]`, a PDF's
-            # filename): judged with the data's texts, one moderation round trip for both.
-            (self.t.data, names), stopped = await self.data_verdict(
-                guards, [self.t.data, [a.name for a in self.t.attachments]])
-            self.t.attachments = renamed(self.t.attachments, names)
+            # The names and media types of the files sent are text a model reads (`[attached:
+            # NAME (TYPE ...)]`, a PDF's filename): judged with the data's texts, one moderation
+            # round trip for all.
+            (self.t.data, texts), stopped = await self.data_verdict(
+                guards, [self.t.data, file_texts(self.t.attachments)])
+            self.t.attachments = renamed(self.t.attachments, texts)
         return self.stop_input(stopped)
 
     async def check_seeded(self, guards: tuple[GuardrailConfig, ...]) -> None:
@@ -640,7 +649,7 @@ def stored_message(message: Message, redact: Callable[[str], str]) -> Message:
     """A memory's message as the store keeps it: its texts (its calls' arguments, a running
     summary) redacted."""
     if isinstance(message, UserMessage):
-        return UserMessage(redact(message.content), renamed(message.attachments, [redact(a.name) for a in message.attachments]))
+        return UserMessage(redact(message.content), renamed(message.attachments, [redact(t) for t in file_texts(message.attachments)]))
     if isinstance(message, AssistantMessage):
         calls = tuple(ToolCall(c.id, c.name, redact(c.arguments)) for c in message.tool_calls)
         return AssistantMessage(redact(message.content) if message.content else message.content, calls)

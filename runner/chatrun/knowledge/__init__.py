@@ -21,12 +21,14 @@ Layer 2 (tests/test_architecture.py): it reads the definition stage's config; th
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import re
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,20 +304,30 @@ def share_index(url: str | None) -> None:
     _SHARED[:] = [url] if url else []
 
 
-def open_index(root: str | Path, name: str, url: str | None) -> KnowledgeIndex | PgIndex:
-    """A bot's index: in PostgreSQL at `url` (keyed by the bot's `name`), else its folder's file."""
+def open_index(config: BotConfig, url: str | None) -> KnowledgeIndex | PgIndex:
+    """A bot's index: in PostgreSQL at `url` (keyed by `index_key`), else its folder's file."""
     if url:
         from chatrun.knowledge.pg_index import PgIndex
 
-        return PgIndex(url, name)
-    return KnowledgeIndex(index_path(root))
+        return PgIndex(url, index_key(config.name, config.knowledge.values()), legacy=config.name)
+    return KnowledgeIndex(index_path(config.root or "."))
+
+
+def index_key(name: str, sources: Iterable[KnowledgeSource]) -> str:
+    """What a bot's rows in a shared index are keyed by: its name and a digest of where its
+    sources read (each source's name and folder, its pages or sitemap), so two bots of one name
+    with other knowledge never read each other's passages; the same on every machine (the
+    replicas and `chatrun index` agree without sharing a folder's path). A source's `include:`,
+    `exclude:` and `language:` are left out: changing them refreshes the same index."""
+    read = sorted((s.name, s.path, s.urls, s.sitemap) for s in sources)
+    return f"{name}#{hashlib.sha256(json.dumps(read).encode()).hexdigest()[:16]}"
 
 
 def library_of(config: BotConfig) -> Library:
     """The Library of a loaded bot (made on first use, dropped with the config)."""
     library = _LIBRARIES.get(id(config))
     if library is None:
-        index = open_index(config.root or ".", config.name, _SHARED[0] if _SHARED else None)
+        index = open_index(config, _SHARED[0] if _SHARED else None)
         library = _LIBRARIES[id(config)] = Library(config.root or ".", config.knowledge, config.model, index)
         weakref.finalize(config, _drop, id(config))
     return library

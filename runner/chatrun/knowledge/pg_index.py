@@ -7,7 +7,9 @@ them (`--knowledge-store` names another database, or `local` keeps the bot folde
 Same interface as KnowledgeIndex (refresh, embed_missing, search, nearest, find, count), so the
 Library, the search tool and the turns do not know which one they read.
 
-Rows are keyed by the bot's name, so one database serves many bots. A refresh is incremental as
+Rows are keyed by the bot's name and its sources' digest (knowledge.index_key), so one database
+serves many bots, two of one name included; an index kept under the bare name by an earlier
+release is taken over by the first refresh (`_adopt`). A refresh is incremental as
 the SQLite one is (a file whose SHA-256 is unchanged is not read again) and takes one transaction
 per source, under an advisory lock per bot: a reader sees a source's passages all old or all new
 (PostgreSQL's MVCC: readers never wait), and two indexers never interleave.
@@ -114,12 +116,13 @@ def _migrated(conninfo: str, shown: str) -> None:
 class PgIndex:
     """A bot's passages in PostgreSQL (see the module's text)."""
 
-    def __init__(self, url: str, bot: str):
+    def __init__(self, url: str, bot: str, legacy: str | None = None):
         from chatrun.store.postgres import _import_psycopg, postgres_url_parts
         from chatrun.store.urls import shown_url
 
         self.url = shown_url(url)
-        self.bot = bot
+        self.bot = bot  # the rows' key (knowledge.index_key: the bot's name and its sources' digest)
+        self.legacy = legacy  # the key of an index kept before (the bare name): found, not built again
         if _import_psycopg() is None:
             raise ChatrunError(f"knowledge store {self.url}: needs psycopg 3; install it with: "
                                "pip install 'chatrun[postgres]'")
@@ -138,7 +141,7 @@ class PgIndex:
     @property
     def where(self) -> str:
         """What `chatrun index` names as the index's place."""
-        return f"{self.url} (bot {self.bot})"
+        return f"{self.url} (bot {self.bot})"  # the key: which bot and which sources
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -211,6 +214,24 @@ class PgIndex:
         if row is not None and row[0] != INDEX_VERSION:
             conn.execute("DELETE FROM knowledge_files WHERE bot = %s", (self.bot,))
             conn.execute("DELETE FROM knowledge_web_pages WHERE bot = %s", (self.bot,))
+        elif row is None and self.legacy is not None:
+            self._adopt(conn, self.legacy)
+
+    def _adopt(self, conn: Any, old: str) -> None:
+        """An index kept under the bot's bare name (before keys named its sources), of this index
+        version, copied under the key: its web pages (which only `chatrun index` fetches) are found
+        and its files not read again; the refresh that follows reads what differs from the bot's
+        own files and removes what it does not have (another bot of the name may have written
+        there). The old rows stay for replicas of an earlier release still reading them."""
+        row = conn.execute("SELECT version FROM knowledge_state WHERE bot = %s", (old,)).fetchone()
+        if row is None or row[0] != INDEX_VERSION:
+            return
+        for table, columns in (("knowledge_files", "source, path, hash"),
+                               ("knowledge_web_pages", "source, url, etag, last_modified"),
+                               ("knowledge_passages", "source, path, anchor, title, body, digest, language, document")):
+            conn.execute(f"INSERT INTO {table} (bot, {columns}) SELECT %s, {columns} FROM {table} "  # noqa: S608
+                         "WHERE bot = %s", (self.bot, old))
+        log.info("knowledge index %s: the index kept for bot %s before found and taken over", self.where, old)
 
     def _finish(self, conn: Any, sources: list[str], counted: bool) -> int:
         """The bot's state, and (when passages changed) how many passages each lexeme is in."""

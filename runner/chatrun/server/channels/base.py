@@ -22,7 +22,7 @@ from chatrun import events as ev
 from chatrun.definition.catalogs import said_count
 from chatrun.definition.config import BotConfig, ChannelConfig
 from chatrun.definition.page_texts import builtin_locale, page_texts
-from chatrun.definition.templates import ENV
+from chatrun.definition.templates import CATALOGS_KEY, ENV
 from chatrun.errors import ChatrunError
 from chatrun.server.wire import channel_session_id
 from chatrun.store import replays
@@ -211,11 +211,14 @@ class ChannelKind:
         return str(value)
 
     def option(self, key: str, default: str) -> str:
-        """A template option rendered over `env` (`default` when absent)."""
+        """A template option rendered over `env` (`default` when absent); its `t()` (a phone's
+        `greeting:`) in the bot's first locale, the one a channel speaks before it knows the user's."""
         if key not in self._options:
-            text = self.config.options.get(key)
-            self._options[key] = ENV.from_string(text).render({"env": Environment(self.bot.env)}) \
-                if isinstance(text, str) else default
+            text, catalogs = self.config.options.get(key), self.bot.catalogs
+            context: dict[str, Any] = {"env": Environment(self.bot.env)}
+            if catalogs is not None:
+                context |= {"locale": catalogs.default, CATALOGS_KEY: catalogs}
+            self._options[key] = ENV.from_string(text).render(context) if isinstance(text, str) else default
         return self._options[key]
 
     def text_size(self, text: str) -> int:

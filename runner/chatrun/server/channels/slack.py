@@ -119,7 +119,7 @@ class Slack(ChannelKind):
         if not isinstance(payload, dict):
             return []
         if payload.get("type") == "event_callback" and isinstance(payload.get("event"), dict):
-            return _event(payload.get("event_id"), payload["event"])
+            return _event(payload.get("event_id"), payload["event"], _bot_users(payload))
         if payload.get("type") == "block_actions" and payload.get("actions"):
             return _press(payload)
         return []
@@ -207,11 +207,19 @@ def _content(message: Outgoing) -> dict[str, Any]:
     return body
 
 
-def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
+def _bot_users(payload: dict[str, Any]) -> frozenset[str]:
+    """The bot's own user ids, as the event's `authorizations` name them (Slack's Events API
+    sends the installation the event is for: `user_id`, `is_bot`): what a mention of it is."""
+    found = payload.get("authorizations")
+    return frozenset(a["user_id"] for a in found if isinstance(a, dict) and a.get("is_bot")
+                     and isinstance(a.get("user_id"), str)) if isinstance(found, list) else frozenset()
+
+
+def _event(delivery: Any, event: dict[str, Any], bots: frozenset[str] = frozenset()) -> list[Inbound]:
     """A message or a mention from a person (not a bot, not an edit); in a channel only the
     bot's mentions and messages in threads start or go on with a conversation."""
     if event.get("type") == "message" and event.get("subtype") == "message_changed":
-        return _edit(event)
+        return _edit(event, bots)
     kind, user, text = event.get("type"), event.get("user"), event.get("text", "")
     if kind not in ("message", "app_mention") or event.get("subtype") not in (None, "file_share") \
             or event.get("bot_id") or not isinstance(user, str) or not isinstance(text, str):
@@ -232,22 +240,30 @@ def _event(delivery: Any, event: dict[str, Any]) -> list[Inbound]:
                     {"channel": channel, "thread_ts": thread}, files=files)]
 
 
-def _edit(event: dict[str, Any]) -> list[Inbound]:
+def _edit(event: dict[str, Any], bots: frozenset[str]) -> list[Inbound]:
     """A person's edit of their message (`message_changed`) in a conversation the bot is in: an
     Inbound `edited`, its delivery the message's channel and `ts` (each edited message is told
     once, however often it is edited or the event sent again). A link's unfurl (no `edited`) and
-    the bot's own updated replies are no edits of a person."""
+    the bot's own updated replies are no edits of a person. Outside a thread, the edit of a
+    message that mentioned the bot (which the bot answered, in a thread on it) is told in that
+    thread; any other message there is a channel's chatter, its edit as unanswered as it was."""
     message, channel = event.get("message"), str(event.get("channel"))
     if not isinstance(message, dict) or not isinstance(message.get("edited"), dict) or message.get("bot_id"):
         return []
     user, text, ts = message.get("user"), message.get("text"), message.get("ts")
     direct = event.get("channel_type") == "im"
     if not isinstance(user, str) or not isinstance(text, str) or not isinstance(ts, str) \
-            or not (direct or message.get("thread_ts")):
+            or not (direct or message.get("thread_ts") or _mentioned(event.get("previous_message"), bots)):
         return []  # a channel's chatter, as for a message
-    thread = None if direct else str(message["thread_ts"])
+    thread = None if direct else str(message.get("thread_ts") or ts)
     return [Inbound(f"{channel}:{ts}:edited", _conversation(channel, thread, user), user, text,
                     {"channel": channel, "thread_ts": thread}, edited=True)]
+
+
+def _mentioned(message: Any, bots: frozenset[str]) -> bool:
+    """Whether a message (the edited one as it was sent) mentioned the bot: an `app_mention`."""
+    text = message.get("text") if isinstance(message, dict) else None
+    return isinstance(text, str) and any(f"<@{bot}>" in text for bot in bots)
 
 
 def _conversation(channel: str, thread: str | None, user: str) -> str:
