@@ -1,0 +1,134 @@
+"""A budget per user (`limits.max_user_tokens`, `max_user_cost`, `user_window`), not only per
+session: a user who opened a new session started again at zero. Real parts: the app
+(TestClient) on a real SQLite file (and a real Redis and PostgreSQL, slow), the real `openai`
+client against the fake OpenAI server, the server's clock file (`serve --clock-file`) moving
+time past the window's end."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from chatrun.definition.loader import load_config
+from chatrun.errors import BotError
+from chatrun.definition.page_texts import BUILTIN
+from chatrun.engine.clock import FileClock
+from chatrun.server.auth import Auth
+from chatrun.server.sessions import SessionSettings
+from chatrun.store.aio import open_existing_store
+from chatrun.store.user_budget import user_budget_key
+from server_support import app_for_testclient
+from store_params import STORES
+from store_params import store_url as store_url_of
+
+BOT = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+locales: [en, de]
+prices: {gpt-4o-mini: {input: 1.0, output: 1.0}}
+limits: {max_user_tokens: 1000, user_window: 1d}
+routes:
+  main:
+    default: true
+    system: You sell shoes.
+"""
+AUTH = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}, "token-bob-123": {"principal": "bob"}}})
+ANA, BOB = ({"Authorization": f"Bearer token-{who}-123"} for who in ("ana", "bob"))
+BIG = {"text": "Here are our shoes.", "usage": {"prompt_tokens": 980, "completion_tokens": 10, "total_tokens": 990}}
+SMALL = {"text": "Hello.", "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
+
+
+def _bot(tmp_path: Path, text: str = BOT) -> str:
+    (tmp_path / "bot.yaml").write_text(text)
+    (tmp_path / "locales").mkdir(exist_ok=True)
+    (tmp_path / "locales" / "en.yaml").write_text("hello: Hello\n")
+    (tmp_path / "locales" / "de.yaml").write_text("hello: Hallo\n")
+    return str(tmp_path / "bot.yaml")
+
+
+def _app(bot: str, url: str, clock: Path):
+    return app_for_testclient([bot], url, auth=AUTH, sessions=SessionSettings(clock=FileClock(str(clock))))
+
+
+def _say(client: TestClient, sid: str, who: dict, text: str = "shoes?", locale: str = "en") -> dict:
+    made = client.post(f"/bots/shop/sessions?locale={locale}", json={"id": sid}, headers=who)
+    assert made.status_code in (201, 409), made.text
+    answer = client.post(f"/bots/shop/sessions/{sid}/messages", json={"userMessage": text}, headers=who)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _error(reply: dict) -> str | None:
+    errors = [e["data"] for e in reply["events"] if e["type"] == "Error"]
+    return errors[0] if errors else None
+
+
+@pytest.fixture(params=STORES)
+def url(request, tmp_path):
+    return store_url_of(request, tmp_path)
+
+
+def test_two_sessions_of_one_user_share_the_budget_until_the_window_renews(fake, tmp_path, url):
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    with TestClient(_app(_bot(tmp_path), url, clock)) as client:
+        fake.queue(BIG)
+        assert _error(_say(client, "a1", ANA)) is None  # 990 of ana's 1000 tokens
+        asked = len(fake.requests)
+        refused = _say(client, "a2", ANA, locale="de")  # a new session: the same user, the same budget
+        assert _error(refused) == BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+        assert len(fake.requests) == asked  # refused before the model call
+        fake.queue(SMALL)
+        assert _error(_say(client, "b1", BOB)) is None  # another user is not affected
+        clock.write_text("2026-12-08T00:00:01+00:00")  # the next window: ana's budget is whole again
+        fake.queue(SMALL)
+        assert _error(_say(client, "a2", ANA)) is None
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 25 and record["window"] == 1796688000.0
+
+
+def test_two_replicas_sharing_a_store_count_one_budget(fake, tmp_path):
+    """Two apps (replicas) on one SQLite file: what ana spent on one is refused on the other."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url, bot = f"sqlite:///{tmp_path / 's.db'}", _bot(tmp_path)
+    with TestClient(_app(bot, url, clock)) as one, TestClient(_app(bot, url, clock)) as two:
+        fake.queue(BIG)
+        assert _error(_say(one, "a1", ANA)) is None
+        assert _error(_say(two, "a2", ANA)) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+
+
+def test_a_cost_budget_is_counted_across_sessions_too(fake, tmp_path):
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T23:30:00+00:00")
+    bot = _bot(tmp_path, BOT.replace("max_user_tokens: 1000, user_window: 1d", "max_user_cost: 0.001, user_window: 1h"))
+    with TestClient(_app(bot, f"sqlite:///{tmp_path / 's.db'}", clock)) as client:
+        fake.queue(BIG)  # 990 tokens at 1.0 a million: 0.00099
+        assert _error(_say(client, "a1", ANA)) is None
+        assert _error(_say(client, "a2", ANA)) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+
+
+def test_the_loader_reads_the_keys_and_a_bot_without_them_has_no_user_budget(tmp_path):
+    limits = load_config(_bot(tmp_path))[0].limits
+    assert (limits.max_user_tokens, limits.max_user_cost, limits.user_window, limits.has_user_budget) == (
+        1000, None, 86400.0, True)
+    (tmp_path / "plain.yaml").write_text(BOT.replace("limits: {max_user_tokens: 1000, user_window: 1d}\n", ""))
+    assert not load_config(tmp_path / "plain.yaml")[0].limits.has_user_budget
+
+
+def test_validate_names_a_window_that_is_no_duration(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BOT.replace("user_window: 1d", "user_window: one day"))
+    with pytest.raises(BotError) as raised:
+        load_config(tmp_path / "bad.yaml")
+    assert "bad.yaml:5" in str(raised.value) and "user_window" in str(raised.value)
+
+
+async def _record(url: str, key: str) -> dict | None:
+    store = await open_existing_store(url)
+    try:
+        return await store.get_record(key)
+    finally:
+        await store.close()
