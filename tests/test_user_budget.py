@@ -13,14 +13,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from chatrun.definition.loader import load_config
-from chatrun.errors import BotError
 from chatrun.definition.page_texts import BUILTIN
 from chatrun.engine.clock import FileClock
+from chatrun.errors import BotError
 from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionSettings
-from chatrun.store.aio import open_existing_store
-from chatrun.store.user_budget import user_budget_key
-from server_support import app_for_testclient
+from chatrun.store.aio import open_async_store, open_existing_store
+from chatrun.store.user_budget import acharge, aread, user_budget_key, window_start
+from server_support import app_for_testclient, until_done
 from store_params import STORES
 from store_params import store_url as store_url_of
 
@@ -132,3 +132,45 @@ async def _record(url: str, key: str) -> dict | None:
         return await store.get_record(key)
     finally:
         await store.close()
+
+
+def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
+    """Spent over HTTP, then refused on the WebSocket (its Connect locale) and on /v1 (its
+    metadata.locale: a 500 `turn_failed` whose message is the text), before any model call."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    told = BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+    with TestClient(_app(_bot(tmp_path), f"sqlite:///{tmp_path / 's.db'}", clock)) as client:
+        fake.queue(BIG)
+        assert _error(_say(client, "a1", ANA)) is None
+        asked = len(fake.requests)
+        with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
+            ws.send_json({"type": "Connect", "chatId": "ws-1", "extensions": True, "locale": "de"})
+            until_done(ws)
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "ws-1", "data": {"userMessage": "hallo"}})
+            assert [f["data"] for f in until_done(ws) if f["type"] == "Error"] == [told]
+        failed = client.post("/v1/chat/completions", headers={**ANA, "X-Chatrun-Session": "v1-1"},
+                             json={"model": "shop", "metadata": {"locale": "de"},
+                                   "messages": [{"role": "user", "content": "hallo"}]})
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"] == failed.json()["error"] | {"code": "turn_failed", "message": told}
+        assert len(fake.requests) == asked
+
+
+def test_two_charges_from_the_same_read_both_count(url):
+    """Two turns of one user that began from the same record (two replicas at once): the second
+    compare-and-set finds the first's write, reads again and adds to it; nothing is lost."""
+    async def charge_twice() -> dict | None:
+        store = open_async_store(url)
+        try:
+            seen = await aread(store, "shop", "ana")
+            start = window_start(1796637600.0, 86400.0)
+            for _ in range(2):
+                assert await acharge(store, "shop", "ana", start, {"input_tokens": 100, "output_tokens": 5,
+                                                                   "cost": 0.5}, seen)
+            return await aread(store, "shop", "ana")
+        finally:
+            await store.close()
+
+    assert asyncio.run(charge_twice()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
+                                           "tokens": 210, "cost": 1.0}

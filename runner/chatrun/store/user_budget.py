@@ -10,7 +10,8 @@ Redis, PostgreSQL alike), under `user-budget/<bot>/<user>`:
 since the epoch: `1d` windows begin at midnight UTC); a record of an earlier window counts as
 nothing. The server reads it once before a turn of a bot that sets the keys and adds the turn's
 usage once after it (committed, failed or stopped: its model calls were made), by a
-compare-and-set (`claim_record` / `swap_record`, atomic across replicas sharing the store): two
+compare-and-set against the record it read (`claim_record` / `swap_record`, atomic across
+replicas sharing the store; read again only when another turn's charge landed in between): two
 turns of the same user on two replicas both count. Bots without the keys read and write nothing.
 It belongs to no session: deleting or ending a session leaves it. This module is the one place
 that spells the key and the record.
@@ -60,21 +61,24 @@ def charged(record: JSONObject | None, bot: str, principal: str, start: float, u
     return {"bot": bot, "principal": principal, "window": start, "tokens": tokens, "cost": cost}
 
 
-async def aspent(store: AsyncStore, bot: str, principal: str, start: float) -> tuple[int, float | None]:
-    """(tokens, cost) `principal` has spent of `bot`'s budget in the window beginning at `start`."""
-    return spent_in(await store.get_record(user_budget_key(bot, principal)), start)
+async def aread(store: AsyncStore, bot: str, principal: str) -> JSONObject | None:
+    """The record of what `principal` has spent of `bot`'s budget (None: nothing yet)."""
+    return await store.get_record(user_budget_key(bot, principal))
 
 
-async def acharge(store: AsyncStore, bot: str, principal: str, start: float, usage: JSONObject) -> bool:
+async def acharge(store: AsyncStore, bot: str, principal: str, start: float, usage: JSONObject,
+                  seen: JSONObject | None) -> bool:
     """Add a turn's `usage` to what `principal` has spent in the window beginning at `start`:
-    a compare-and-set, tried again from a fresh read when another turn's charge landed first.
-    False (logged) when it could not land in ATTEMPTS rounds."""
+    a compare-and-set against `seen` (the record read before the turn: one read and one write
+    a turn when no other turn of the user landed meanwhile), tried again from a fresh read when
+    another turn's charge landed first. False (logged) when it could not land in ATTEMPTS rounds."""
     key = user_budget_key(bot, principal)
+    record = seen
     for _ in range(ATTEMPTS):
-        record = await store.get_record(key)
         new: Any = charged(record, bot, principal, start, usage)
         if await (store.claim_record(key, new) if record is None else store.swap_record(key, record, new)):
             return True
+        record = await store.get_record(key)
     log.warning("the usage of a turn of %s on bot %s was not added to %s: %d other charges landed first",
                 principal, bot, key, ATTEMPTS)
     return False
