@@ -174,3 +174,13 @@ def test_two_charges_from_the_same_read_both_count(url):
 
     assert asyncio.run(charge_twice()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
                                            "tokens": 210, "cost": 1.0}
+
+
+def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
+    free = _bot(tmp_path, BOT.replace("prices: {gpt-4o-mini: {input: 1.0, output: 1.0}}\n", "").replace(
+        "max_user_tokens: 1000", "max_user_cost: 0.5"))
+    _, warnings = load_config(free)
+    assert [(w.line, w.message.split(",")[0]) for w in warnings if w.path.startswith("limits")] == [
+        (4, "`limits.max_user_cost` counts the cost `prices:` gives each model")]
+    priced = BOT.replace("max_user_tokens: 1000", "max_user_cost: 0.5")
+    assert [w for w in load_config(_bot(tmp_path, priced))[1] if w.path.startswith("limits")] == []
