@@ -184,3 +184,22 @@ def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
         (4, "`limits.max_user_cost` counts the cost `prices:` gives each model")]
     priced = BOT.replace("max_user_tokens: 1000", "max_user_cost: 0.5")
     assert [w for w in load_config(_bot(tmp_path, priced))[1] if w.path.startswith("limits")] == []
+
+
+def test_erasing_the_principal_deletes_what_they_spent(fake, tmp_path):
+    """The record names the user: `DELETE /principals/ana` deletes it with the rest (and her count
+    starts again at zero); bob's stays."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    auth = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}, "token-bob-123": {"principal": "bob"},
+                                         "token-dpo-123": {"principal": "dpo", "roles": ["privacy"]}}})
+    app = app_for_testclient([_bot(tmp_path)], url, auth=auth, sessions=SessionSettings(clock=FileClock(str(clock))))
+    with TestClient(app) as client:
+        fake.queue(SMALL, SMALL)
+        _say(client, "a1", ANA)
+        _say(client, "b1", BOB)
+        erased = client.delete("/principals/ana", headers={"Authorization": "Bearer token-dpo-123"})
+        assert erased.status_code == 200, erased.text
+    assert asyncio.run(_record(url, user_budget_key("shop", "ana"))) is None
+    assert asyncio.run(_record(url, user_budget_key("shop", "bob"))) is not None

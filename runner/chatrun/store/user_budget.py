@@ -82,3 +82,15 @@ async def acharge(store: AsyncStore, bot: str, principal: str, start: float, usa
     log.warning("the usage of a turn of %s on bot %s was not added to %s: %d other charges landed first",
                 principal, bot, key, ATTEMPTS)
     return False
+
+
+async def aerase_everywhere(store: AsyncStore, principal: str, dry_run: bool = False) -> int:
+    """Delete what `principal` has spent of every bot's budget (erasure: the record names them);
+    how many records there were."""
+    erased = 0
+    for key in await store.record_keys(PREFIX):
+        if key[len(PREFIX):].partition("/")[2] == principal:  # a bot's name has no "/"
+            erased += 1
+            if not dry_run:
+                await store.delete_record(key)
+    return erased
