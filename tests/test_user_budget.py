@@ -20,7 +20,7 @@ from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionSettings
 from chatrun.store.aio import open_async_store, open_existing_store
 from chatrun.store.user_budget import acharge, aread, user_budget_key, window_start
-from server_support import app_for_testclient, until_done
+from server_support import app_for_testclient, until_done, wait_until
 from store_params import STORES
 from store_params import store_url as store_url_of
 
@@ -203,3 +203,46 @@ def test_erasing_the_principal_deletes_what_they_spent(fake, tmp_path):
         assert erased.status_code == 200, erased.text
     assert asyncio.run(_record(url, user_budget_key("shop", "ana"))) is None
     assert asyncio.run(_record(url, user_budget_key("shop", "bob"))) is not None
+
+
+TG_TOKEN, TG_SECRET = "123456:test-token", "tg-secret-0123456789"
+CHANNEL_BOT = BOT.replace("max_user_tokens: 1000", "max_user_tokens: 1500").replace(
+    "locales: [en, de]\n", """locales: [en, de]
+env:
+  TG_TOKEN: {secret: true}
+  TG_SECRET: {secret: true}
+  TG_API: {}
+channels:
+  telegram: {token: TG_TOKEN, secret: TG_SECRET, api: "{{ env.TG_API }}"}
+""").replace("    system: You sell shoes.\n", """    system: You sell shoes.
+    tools: [bye]
+tools:
+  bye:
+    description: End the conversation
+    action: {message: Goodbye., end: true}
+""")
+
+
+@pytest.mark.slow
+def test_a_channel_user_who_ends_and_writes_again_keeps_the_budget(tmp_path, fake, monkeypatch):
+    """A Telegram user's `end` starts a new session at their next message: the budget goes on."""
+    from channel_support import FakeTelegram, telegram_message
+
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    with FakeTelegram(TG_TOKEN) as telegram:
+        for name, value in (("TG_TOKEN", TG_TOKEN), ("TG_SECRET", TG_SECRET), ("TG_API", telegram.url)):
+            monkeypatch.setenv(name, value)
+        app = app_for_testclient([_bot(tmp_path, CHANNEL_BOT)], f"sqlite:///{tmp_path / 's.db'}",
+                                 sessions=SessionSettings(clock=FileClock(str(clock))))
+        with TestClient(app) as client:
+            fake.queue(BIG, {**BIG, "text": None, "tool_calls": [{"name": "bye", "arguments": {}}]})
+            for n, text in enumerate(("shoes?", "bye", "hello again"), 1):
+                sent = client.post("/channels/shop/telegram", json=telegram_message(n, text),
+                                   headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET})
+                assert sent.status_code == 200, sent.text
+                wait_until(lambda n=n: len(telegram.calls("sendMessage")) >= n, what=f"reply {n}")
+            told = [c["text"] for c in telegram.calls("sendMessage")]
+    assert told == ["Here are our shoes.", "Goodbye.",
+                    BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")]
+    assert len(fake.requests) == 2
