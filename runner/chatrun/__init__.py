@@ -28,7 +28,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("AttachmentRefused", "BotError", "ChatrunError", "DecisionRefused", "Diagnostic", "ForbiddenRouteError", "FrameError",
          "HeldByAnother", "InvalidDecision", "KnowledgeUnavailable", "LeaseLost", "MessageTooLong", "ModelError", "ModelUnavailable", "NotPending", "RequestFailed", "SessionBusy", "SessionError", "SessionQuota", "StaleVersion", "ToolRefusal",
-         "TurnFailed", "UnknownRouteError"),
+         "TurnFailed", "UnknownRouteError", "UserBudgetSpent"),
         "chatrun.errors"),
     "Event": "chatrun.events",
     **dict.fromkeys(("ChatMemory", "MessageWindowMemory", "TokenWindowMemory", "TurnOnlyMemory"), "chatrun.memory"),
@@ -85,6 +85,7 @@ if _typing.TYPE_CHECKING:  # type checkers see every name; at run time __getattr
         ToolRefusal,
         TurnFailed,
         UnknownRouteError,
+        UserBudgetSpent,
     )
     from chatrun.events import Event
     from chatrun.memory import ChatMemory, MessageWindowMemory, TokenWindowMemory, TurnOnlyMemory
@@ -190,6 +191,7 @@ __all__ = [
     "TurnFailed",
     "TurnOnlyMemory",
     "UnknownRouteError",
+    "UserBudgetSpent",
     "UserMessage",
     "__version__",
     "events",

@@ -127,6 +127,19 @@ class MessageTooLong(TurnFailed):
     page_text = "message_too_long"
 
 
+class UserBudgetSpent(TurnFailed):
+    """A model call would pass the budget of the session's user over the current window
+    (`limits.max_user_tokens`, `max_user_cost`): the turn ends before it is sent. The user reads
+    the page text `page_text` (in the session's locale) with `page_args` (`renews`: when the
+    budget renews); the author the message naming the limit."""
+
+    page_text = "user_budget_spent"
+
+    def __init__(self, message: str, renews: str):
+        super().__init__(message)
+        self.page_args = {"renews": renews}
+
+
 class KnowledgeUnavailable(TurnFailed):
     """A route's knowledge index could not be built or read (a file where `.chatrun/` goes, a
     disk full, the shared PostgreSQL index down): the turn fails rather than letting the model

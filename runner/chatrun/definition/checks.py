@@ -206,6 +206,7 @@ class _Checker:
         self.user_memory()
         self.widget()
         self.guardrails()
+        self.user_budget()
         for kind in kinds():  # the bot-level declarations a tool kind uses (`mcp_servers:`)
             kind.check_bot(self.config, self)
         check_knowledge(self.config, self)
@@ -216,6 +217,15 @@ class _Checker:
         self.format_and_migrations()
         if self.config.catalogs is not None:
             self.out.extend(catalog_checks(self.config.catalogs, self.used_keys, self.computed_keys))
+
+    def user_budget(self) -> None:
+        """`limits.max_user_cost` counts money from `prices:`: without any price no call costs
+        anything, and the budget never ends a turn."""
+        if self.config.limits.max_user_cost is not None and not self.config.prices:
+            self.add("warning", "`limits.max_user_cost` counts the cost `prices:` gives each model, and the bot "
+                     "gives none, so it never ends a turn: add the price of the bot's models under `prices:` "
+                     "(docs/observability.md, \"Budgets\"), or bound tokens with `max_user_tokens`",
+                     "limits", "max_user_cost")
 
     def model_fallbacks(self) -> None:
         """`model.fallback:` (the bot's and each route's own): an empty list at the top does nothing,

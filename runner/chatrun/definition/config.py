@@ -889,11 +889,20 @@ class Limits:
     max_turn_cost: float | None = None  # money (in `prices:` units) of one turn
     max_session_cost: float | None = None
     max_calls_per_tool: int | None = None  # calls of one tool per turn (None: no bound but max_model_calls)
+    # One user's budgets over all their sessions (the session's owner), per window of `user_window`
+    # seconds (windows start at multiples of it from the epoch, UTC: 1d renews at midnight UTC).
+    max_user_tokens: int | None = None
+    max_user_cost: float | None = None
+    user_window: float = 86400.0
 
     @cached_property  # read on every model call; limits are not changed once loaded
     def has_budgets(self) -> bool:
         return any(v is not None for v in (self.max_turn_tokens, self.max_session_tokens,
-                                           self.max_turn_cost, self.max_session_cost))
+                                           self.max_turn_cost, self.max_session_cost)) or self.has_user_budget
+
+    @cached_property  # read once per served turn: a bot without it reads and writes no tally
+    def has_user_budget(self) -> bool:
+        return self.max_user_tokens is not None or self.max_user_cost is not None
 
 
 @dataclass

@@ -65,6 +65,7 @@ from chatrun.definition.config import (
     WebhookConfig,
     WidgetConfig,
     duration_seconds,
+    seconds_or,
 )
 from chatrun.definition.effects import default_effect
 from chatrun.definition.kinds import Load, bot_kinds, kinds, parse_kinds, route_kinds
@@ -790,14 +791,16 @@ def _widget(raw: Any, main: YamlDoc) -> WidgetConfig | None:
 
 def _limits(raw: Any) -> Limits:
     limits = Limits()
-    for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens", "max_calls_per_tool"):
+    for key in ("max_hops", "max_model_calls", "max_turn_tokens", "max_session_tokens", "max_calls_per_tool",
+                "max_user_tokens"):
         value = _dict(raw).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             setattr(limits, key, value)
-    for key in ("max_turn_cost", "max_session_cost"):
+    for key in ("max_turn_cost", "max_session_cost", "max_user_cost"):
         value = _dict(raw).get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             setattr(limits, key, float(value))
+    limits.user_window = seconds_or(_dict(raw).get("user_window"), limits.user_window)
     return limits
 
 

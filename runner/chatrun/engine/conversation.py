@@ -40,7 +40,7 @@ from chatrun.engine.scopes import (
     init_declared,
     merged_scope,
 )
-from chatrun.engine.usage import Usage
+from chatrun.engine.usage import Usage, UserSpent
 from chatrun.errors import ForbiddenRouteError, SessionError, UnknownRouteError
 from chatrun.memory import ChatMemory, make_memory
 from chatrun.messages import AssistantMessage, Message, SummaryMessage, ToolCall, ToolResultMessage
@@ -100,7 +100,7 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry", "unscreened", "moved_by")
+                 "remembered", "unknown", "retry", "unscreened", "moved_by", "user_spent")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -116,6 +116,9 @@ class Conversation:
         # what this request's turns wrote to it (None: a fact forgotten), for whoever saves it.
         self.user_memory: Mapping[str, Any] = NO_FACTS
         self.remembered: Mapping[str, Any] = NO_FACTS
+        # What the user has used of `limits.max_user_*` in the current window (the server sets it
+        # per turn, store/user_budget.py; None: no user budget to check). Never stored.
+        self.user_spent: UserSpent | None = None
         self.turn_count = 0  # turns committed so far
         # The conversation state and meta: properties (below); an idle conversation shares UNWRITTEN
         # for an empty one (scopes.compact).

@@ -49,6 +49,7 @@ from chatrun.engine.pending import (
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
+from chatrun.engine.usage import UserSpent
 from chatrun.engine.versions import Moved, produced_by
 from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
@@ -294,6 +295,17 @@ class Session:
         if config is None or whose is None or records is None:
             return
         user_memory.save(records, self.bot.name, whose, remembered, self.bot.config.retention.user_memory, time.time())
+
+    @property
+    def user_spent(self) -> UserSpent | None:
+        """What the session's user used of the bot's `limits.max_user_*` in the current window
+        before this turn, over all their sessions (the server reads it from its store per turn:
+        store/user_budget.py); None: no user budget is checked. Never stored with the session."""
+        return self._c.user_spent
+
+    @user_spent.setter
+    def user_spent(self, spent: UserSpent | None) -> None:
+        self._c.user_spent = spent
 
     @property
     def clock(self) -> Clock:
@@ -930,9 +942,10 @@ class Session:
         return said(page_texts(self.bot.config.catalogs, self.locale), key, **args)
 
     def _told(self, exc: ChatrunError) -> str:
-        """What the user reads of a failed turn: the error's own page text (MessageTooLong's) where
-        it has one, else that something went wrong (`turn_failed`); in the session's locale."""
-        return self._page_text(getattr(exc, "page_text", None) or "turn_failed")
+        """What the user reads of a failed turn: the error's own page text (MessageTooLong's, with
+        its `page_args`: UserBudgetSpent's renewal) where it has one, else that something went
+        wrong (`turn_failed`); in the session's locale."""
+        return self._page_text(getattr(exc, "page_text", None) or "turn_failed", **getattr(exc, "page_args", {}))
 
     def _failed_text(self, text: str, ran: list[str]) -> str:
         """What the user is told of a failed turn: `text` ("nothing was kept") when no tool with an

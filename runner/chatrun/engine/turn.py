@@ -296,7 +296,8 @@ class Turn:
         price = self.t.config.prices.get(model_config.name)
         if self.t.config.limits.has_budgets:
             sent = counted()
-            check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name)
+            check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name,
+                          self.t.c.user_spent)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         # A reply that must cite a source is checked before anyone sees it: not streamed either.
         must_cite = route.knowledge is not None and route.knowledge.cite_required

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any
 
 from chatrun.definition.config import Limits, Price
-from chatrun.errors import TurnFailed
+from chatrun.errors import TurnFailed, UserBudgetSpent
 from chatrun.memory.tokens import TokenCounter
 from chatrun.messages import Message
 
@@ -107,8 +108,19 @@ def cost_of(usage: Usage, price: Price | None) -> float | None:
             + usage.output_tokens * price.output) / 1_000_000
 
 
+@dataclass(frozen=True, slots=True)
+class UserSpent:
+    """What the session's user has used of `limits.max_user_tokens` / `max_user_cost` in the
+    current window, over all their sessions (before this turn), and when the window renews.
+    The server reads it per turn from its store (store/user_budget.py) for the bots that set them."""
+
+    who: str
+    usage: Usage
+    renews: datetime
+
+
 def check_budgets(limits: Limits, turn: Usage, session: Usage, next_input: int, price: Price | None,
-                  route: str) -> None:
+                  route: str, spent: UserSpent | None = None) -> None:
     """Refuse the next model call when it would pass a budget (counting the tokens it sends)."""
     checks: list[tuple[str, float | None, float, str]] = [
         ("max_turn_tokens", limits.max_turn_tokens, turn.tokens + next_input, "this turn"),
@@ -122,6 +134,26 @@ def check_budgets(limits: Limits, turn: Usage, session: Usage, next_input: int, 
     ]
     for name, budget, projected, whose in checks:
         if budget is not None and projected > budget:
-            unit = "tokens" if name.endswith("tokens") else "in cost"
-            raise TurnFailed(f"the next model call on route {route} would take {whose} to {projected:.6g} {unit}, "
-                             f"past limits.{name} = {budget:g}; the turn stops here")
+            raise TurnFailed(_past(route, whose, name, budget, projected))
+    if spent is not None:
+        _check_user(limits, turn, spent, next_input, next_cost, route)
+
+
+def _check_user(limits: Limits, turn: Usage, spent: UserSpent, next_input: int, next_cost: float,
+                route: str) -> None:
+    """The user's budgets over the window (limits.max_user_*): UserBudgetSpent, which tells the
+    user when the budget renews (the page text `user_budget_spent`, in their locale)."""
+    for name, budget, projected in (
+        ("max_user_tokens", limits.max_user_tokens, spent.usage.tokens + turn.tokens + next_input),
+        ("max_user_cost", limits.max_user_cost, (spent.usage.cost or 0.0) + (turn.cost or 0.0) + next_cost),
+    ):
+        if budget is not None and projected > budget:
+            renews = spent.renews.strftime("%Y-%m-%d %H:%M %Z").strip()
+            whose = f"user {spent.who} in the window until {renews}"
+            raise UserBudgetSpent(_past(route, whose, name, budget, projected), renews)
+
+
+def _past(route: str, whose: str, name: str, budget: float, projected: float) -> str:
+    unit = "tokens" if name.endswith("tokens") else "in cost"
+    return (f"the next model call on route {route} would take {whose} to {projected:.6g} {unit}, "
+            f"past limits.{name} = {budget:g}; the turn stops here")

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.config import DROP, Retention
-from chatrun.store import replays, user_memory
+from chatrun.store import replays, user_budget, user_memory
 from chatrun.store.aio import scrub
 from chatrun.store.record import DEAD, OutboxEntry
 
@@ -120,12 +120,14 @@ async def purge(store: AsyncStore, bots: dict[str, Retention], now: float, delet
 async def erase_principal(store: AsyncStore, principal: str, retention_of: RetentionOf, delete: DeleteSession,
                           blobs: BlobArea | None, dry_run: bool = False) -> Counts:
     """Delete everything of `principal`: its sessions (history, files, records, pending items),
-    its dead letters, its undelivered events where its bot drops them (`erased_outbox`), and
-    what every bot kept of it (`user_memory:`, which outlives the sessions that wrote it)."""
+    its dead letters, its undelivered events where its bot drops them (`erased_outbox`), what
+    every bot kept of it (`user_memory:`, which outlives the sessions that wrote it) and what it
+    spent of every bot's user budget (`limits.max_user_*`: its count starts again at zero)."""
     counts = Counts()
     sessions = await store.sessions_of(principal)
     bots = {sid: record.bot if (record := await store.load_session(sid)) is not None else None for sid in sessions}
     counts.user_memory = await user_memory.aerase_everywhere(store, principal, dry_run)
+    await user_budget.aerase_everywhere(store, principal, dry_run)  # what they spent: it names them
     # The outbox first: an event whose session is gone can no longer be told apart by its owner.
     owned = set(sessions)
     erased = [e for e in await store.list_outbox(None, EVERY) if e.session_id in owned and _erased(e, retention_of)]

@@ -1,0 +1,96 @@
+"""What one user has spent of a bot's `limits.max_user_tokens` / `max_user_cost` in the current
+window, over all their sessions and every replica (docs/observability.md, "Budgets").
+
+One record per bot and user (the session's owner) in the store's records (memory, SQLite,
+Redis, PostgreSQL alike), under `user-budget/<bot>/<user>`:
+
+    {"bot": "shop", "principal": "ana", "window": 1796601600.0, "tokens": 5120, "cost": 0.0031}
+
+`window` is when the counted window began (a multiple of the bot's `user_window` in seconds
+since the epoch: `1d` windows begin at midnight UTC); a record of an earlier window counts as
+nothing. The server reads it once before a turn of a bot that sets the keys and adds the turn's
+usage once after it (committed, failed or stopped: its model calls were made), by a
+compare-and-set against the record it read (`claim_record` / `swap_record`, atomic across
+replicas sharing the store; read again only when another turn's charge landed in between): two
+turns of the same user on two replicas both count. Bots without the keys read and write nothing.
+It belongs to no session: deleting or ending a session leaves it. This module is the one place
+that spells the key and the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from chatrun.store.record import JSONObject
+
+if TYPE_CHECKING:
+    from chatrun.store.aio import AsyncStore
+
+log = logging.getLogger("chatrun.store")
+PREFIX = "user-budget/"
+ATTEMPTS = 50  # compare-and-set rounds before a charge gives up (each lost round: another turn of the user landed)
+
+
+def user_budget_key(bot: str, principal: str) -> str:
+    """The record key of what `principal` has spent of `bot`'s user budget."""
+    return f"{PREFIX}{bot}/{principal}"
+
+
+def window_start(now: float, length: float) -> float:
+    """When the window holding the instant `now` (epoch seconds) began: windows of `length`
+    seconds, the first at the epoch."""
+    return math.floor(now / length) * length
+
+
+def spent_in(record: JSONObject | None, start: float) -> tuple[int, float | None]:
+    """(tokens, cost) a record counts in the window beginning at `start` (nothing: (0, None))."""
+    if not record or record.get("window") != start:
+        return 0, None
+    tokens, cost = record.get("tokens"), record.get("cost")
+    return (tokens if isinstance(tokens, int) else 0), (float(cost) if isinstance(cost, int | float) else None)
+
+
+def charged(record: JSONObject | None, bot: str, principal: str, start: float, usage: JSONObject) -> JSONObject:
+    """The record after a turn's `usage` (a history entry's: input/output tokens, cost)."""
+    tokens, cost = spent_in(record, start)
+    tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+    if isinstance(usage.get("cost"), int | float):
+        cost = (cost or 0.0) + float(usage["cost"])
+    return {"bot": bot, "principal": principal, "window": start, "tokens": tokens, "cost": cost}
+
+
+async def aread(store: AsyncStore, bot: str, principal: str) -> JSONObject | None:
+    """The record of what `principal` has spent of `bot`'s budget (None: nothing yet)."""
+    return await store.get_record(user_budget_key(bot, principal))
+
+
+async def acharge(store: AsyncStore, bot: str, principal: str, start: float, usage: JSONObject,
+                  seen: JSONObject | None) -> bool:
+    """Add a turn's `usage` to what `principal` has spent in the window beginning at `start`:
+    a compare-and-set against `seen` (the record read before the turn: one read and one write
+    a turn when no other turn of the user landed meanwhile), tried again from a fresh read when
+    another turn's charge landed first. False (logged) when it could not land in ATTEMPTS rounds."""
+    key = user_budget_key(bot, principal)
+    record = seen
+    for _ in range(ATTEMPTS):
+        new: Any = charged(record, bot, principal, start, usage)
+        if await (store.claim_record(key, new) if record is None else store.swap_record(key, record, new)):
+            return True
+        record = await store.get_record(key)
+    log.warning("the usage of a turn of %s on bot %s was not added to %s: %d other charges landed first",
+                principal, bot, key, ATTEMPTS)
+    return False
+
+
+async def aerase_everywhere(store: AsyncStore, principal: str, dry_run: bool = False) -> int:
+    """Delete what `principal` has spent of every bot's budget (erasure: the record names them);
+    how many records there were."""
+    erased = 0
+    for key in await store.record_keys(PREFIX):
+        if key[len(PREFIX):].partition("/")[2] == principal:  # a bot's name has no "/"
+            erased += 1
+            if not dry_run:
+                await store.delete_record(key)
+    return erased

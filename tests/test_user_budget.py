@@ -1,0 +1,248 @@
+"""A budget per user (`limits.max_user_tokens`, `max_user_cost`, `user_window`), not only per
+session: a user who opened a new session started again at zero. Real parts: the app
+(TestClient) on a real SQLite file (and a real Redis and PostgreSQL, slow), the real `openai`
+client against the fake OpenAI server, the server's clock file (`serve --clock-file`) moving
+time past the window's end."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from chatrun.definition.loader import load_config
+from chatrun.definition.page_texts import BUILTIN
+from chatrun.engine.clock import FileClock
+from chatrun.errors import BotError
+from chatrun.server.auth import Auth
+from chatrun.server.sessions import SessionSettings
+from chatrun.store.aio import open_async_store, open_existing_store
+from chatrun.store.user_budget import acharge, aread, user_budget_key, window_start
+from server_support import app_for_testclient, until_done, wait_until
+from store_params import STORES
+from store_params import store_url as store_url_of
+
+BOT = """\
+name: shop
+model: {provider: openai, name: gpt-4o-mini, max_retries: 0}
+locales: [en, de]
+prices: {gpt-4o-mini: {input: 1.0, output: 1.0}}
+limits: {max_user_tokens: 1000, user_window: 1d}
+routes:
+  main:
+    default: true
+    system: You sell shoes.
+"""
+AUTH = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}, "token-bob-123": {"principal": "bob"}}})
+ANA, BOB = ({"Authorization": f"Bearer token-{who}-123"} for who in ("ana", "bob"))
+BIG = {"text": "Here are our shoes.", "usage": {"prompt_tokens": 980, "completion_tokens": 10, "total_tokens": 990}}
+SMALL = {"text": "Hello.", "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
+
+
+def _bot(tmp_path: Path, text: str = BOT) -> str:
+    (tmp_path / "bot.yaml").write_text(text)
+    (tmp_path / "locales").mkdir(exist_ok=True)
+    (tmp_path / "locales" / "en.yaml").write_text("hello: Hello\n")
+    (tmp_path / "locales" / "de.yaml").write_text("hello: Hallo\n")
+    return str(tmp_path / "bot.yaml")
+
+
+def _app(bot: str, url: str, clock: Path):
+    return app_for_testclient([bot], url, auth=AUTH, sessions=SessionSettings(clock=FileClock(str(clock))))
+
+
+def _say(client: TestClient, sid: str, who: dict, text: str = "shoes?", locale: str = "en") -> dict:
+    made = client.post(f"/bots/shop/sessions?locale={locale}", json={"id": sid}, headers=who)
+    assert made.status_code in (201, 409), made.text
+    answer = client.post(f"/bots/shop/sessions/{sid}/messages", json={"userMessage": text}, headers=who)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _error(reply: dict) -> str | None:
+    errors = [e["data"] for e in reply["events"] if e["type"] == "Error"]
+    return errors[0] if errors else None
+
+
+@pytest.fixture(params=STORES)
+def url(request, tmp_path):
+    return store_url_of(request, tmp_path)
+
+
+def test_two_sessions_of_one_user_share_the_budget_until_the_window_renews(fake, tmp_path, url):
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    with TestClient(_app(_bot(tmp_path), url, clock)) as client:
+        fake.queue(BIG)
+        assert _error(_say(client, "a1", ANA)) is None  # 990 of ana's 1000 tokens
+        asked = len(fake.requests)
+        refused = _say(client, "a2", ANA, locale="de")  # a new session: the same user, the same budget
+        assert _error(refused) == BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+        assert len(fake.requests) == asked  # refused before the model call
+        fake.queue(SMALL)
+        assert _error(_say(client, "b1", BOB)) is None  # another user is not affected
+        clock.write_text("2026-12-08T00:00:01+00:00")  # the next window: ana's budget is whole again
+        fake.queue(SMALL)
+        assert _error(_say(client, "a2", ANA)) is None
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 25 and record["window"] == 1796688000.0
+
+
+def test_two_replicas_sharing_a_store_count_one_budget(fake, tmp_path):
+    """Two apps (replicas) on one SQLite file: what ana spent on one is refused on the other."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url, bot = f"sqlite:///{tmp_path / 's.db'}", _bot(tmp_path)
+    with TestClient(_app(bot, url, clock)) as one, TestClient(_app(bot, url, clock)) as two:
+        fake.queue(BIG)
+        assert _error(_say(one, "a1", ANA)) is None
+        assert _error(_say(two, "a2", ANA)) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+
+
+def test_a_cost_budget_is_counted_across_sessions_too(fake, tmp_path):
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T23:30:00+00:00")
+    bot = _bot(tmp_path, BOT.replace("max_user_tokens: 1000, user_window: 1d", "max_user_cost: 0.001, user_window: 1h"))
+    with TestClient(_app(bot, f"sqlite:///{tmp_path / 's.db'}", clock)) as client:
+        fake.queue(BIG)  # 990 tokens at 1.0 a million: 0.00099
+        assert _error(_say(client, "a1", ANA)) is None
+        assert _error(_say(client, "a2", ANA)) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+
+
+def test_the_loader_reads_the_keys_and_a_bot_without_them_has_no_user_budget(tmp_path):
+    limits = load_config(_bot(tmp_path))[0].limits
+    assert (limits.max_user_tokens, limits.max_user_cost, limits.user_window, limits.has_user_budget) == (
+        1000, None, 86400.0, True)
+    (tmp_path / "plain.yaml").write_text(BOT.replace("limits: {max_user_tokens: 1000, user_window: 1d}\n", ""))
+    assert not load_config(tmp_path / "plain.yaml")[0].limits.has_user_budget
+
+
+def test_validate_names_a_window_that_is_no_duration(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BOT.replace("user_window: 1d", "user_window: one day"))
+    with pytest.raises(BotError) as raised:
+        load_config(tmp_path / "bad.yaml")
+    assert "bad.yaml:5" in str(raised.value) and "user_window" in str(raised.value)
+
+
+async def _record(url: str, key: str) -> dict | None:
+    store = await open_existing_store(url)
+    try:
+        return await store.get_record(key)
+    finally:
+        await store.close()
+
+
+def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
+    """Spent over HTTP, then refused on the WebSocket (its Connect locale) and on /v1 (its
+    metadata.locale: a 500 `turn_failed` whose message is the text), before any model call."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    told = BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+    with TestClient(_app(_bot(tmp_path), f"sqlite:///{tmp_path / 's.db'}", clock)) as client:
+        fake.queue(BIG)
+        assert _error(_say(client, "a1", ANA)) is None
+        asked = len(fake.requests)
+        with client.websocket_connect("/_chat/routes", headers=ANA) as ws:
+            ws.send_json({"type": "Connect", "chatId": "ws-1", "extensions": True, "locale": "de"})
+            until_done(ws)
+            ws.send_json({"type": "ChatRouteMessage", "chatId": "ws-1", "data": {"userMessage": "hallo"}})
+            assert [f["data"] for f in until_done(ws) if f["type"] == "Error"] == [told]
+        failed = client.post("/v1/chat/completions", headers={**ANA, "X-Chatrun-Session": "v1-1"},
+                             json={"model": "shop", "metadata": {"locale": "de"},
+                                   "messages": [{"role": "user", "content": "hallo"}]})
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"] == failed.json()["error"] | {"code": "turn_failed", "message": told}
+        assert len(fake.requests) == asked
+
+
+def test_two_charges_from_the_same_read_both_count(url):
+    """Two turns of one user that began from the same record (two replicas at once): the second
+    compare-and-set finds the first's write, reads again and adds to it; nothing is lost."""
+    async def charge_twice() -> dict | None:
+        store = open_async_store(url)
+        try:
+            seen = await aread(store, "shop", "ana")
+            start = window_start(1796637600.0, 86400.0)
+            for _ in range(2):
+                assert await acharge(store, "shop", "ana", start, {"input_tokens": 100, "output_tokens": 5,
+                                                                   "cost": 0.5}, seen)
+            return await aread(store, "shop", "ana")
+        finally:
+            await store.close()
+
+    assert asyncio.run(charge_twice()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
+                                           "tokens": 210, "cost": 1.0}
+
+
+def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
+    free = _bot(tmp_path, BOT.replace("prices: {gpt-4o-mini: {input: 1.0, output: 1.0}}\n", "").replace(
+        "max_user_tokens: 1000", "max_user_cost: 0.5"))
+    _, warnings = load_config(free)
+    assert [(w.line, w.message.split(",")[0]) for w in warnings if w.path.startswith("limits")] == [
+        (4, "`limits.max_user_cost` counts the cost `prices:` gives each model")]
+    priced = BOT.replace("max_user_tokens: 1000", "max_user_cost: 0.5")
+    assert [w for w in load_config(_bot(tmp_path, priced))[1] if w.path.startswith("limits")] == []
+
+
+def test_erasing_the_principal_deletes_what_they_spent(fake, tmp_path):
+    """The record names the user: `DELETE /principals/ana` deletes it with the rest (and her count
+    starts again at zero); bob's stays."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    auth = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}, "token-bob-123": {"principal": "bob"},
+                                         "token-dpo-123": {"principal": "dpo", "roles": ["privacy"]}}})
+    app = app_for_testclient([_bot(tmp_path)], url, auth=auth, sessions=SessionSettings(clock=FileClock(str(clock))))
+    with TestClient(app) as client:
+        fake.queue(SMALL, SMALL)
+        _say(client, "a1", ANA)
+        _say(client, "b1", BOB)
+        erased = client.delete("/principals/ana", headers={"Authorization": "Bearer token-dpo-123"})
+        assert erased.status_code == 200, erased.text
+    assert asyncio.run(_record(url, user_budget_key("shop", "ana"))) is None
+    assert asyncio.run(_record(url, user_budget_key("shop", "bob"))) is not None
+
+
+TG_TOKEN, TG_SECRET = "123456:test-token", "tg-secret-0123456789"
+CHANNEL_BOT = BOT.replace("max_user_tokens: 1000", "max_user_tokens: 1500").replace(
+    "locales: [en, de]\n", """locales: [en, de]
+env:
+  TG_TOKEN: {secret: true}
+  TG_SECRET: {secret: true}
+  TG_API: {}
+channels:
+  telegram: {token: TG_TOKEN, secret: TG_SECRET, api: "{{ env.TG_API }}"}
+""").replace("    system: You sell shoes.\n", """    system: You sell shoes.
+    tools: [bye]
+tools:
+  bye:
+    description: End the conversation
+    action: {message: Goodbye., end: true}
+""")
+
+
+@pytest.mark.slow
+def test_a_channel_user_who_ends_and_writes_again_keeps_the_budget(tmp_path, fake, monkeypatch):
+    """A Telegram user's `end` starts a new session at their next message: the budget goes on."""
+    from channel_support import FakeTelegram, telegram_message
+
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    with FakeTelegram(TG_TOKEN) as telegram:
+        for name, value in (("TG_TOKEN", TG_TOKEN), ("TG_SECRET", TG_SECRET), ("TG_API", telegram.url)):
+            monkeypatch.setenv(name, value)
+        app = app_for_testclient([_bot(tmp_path, CHANNEL_BOT)], f"sqlite:///{tmp_path / 's.db'}",
+                                 sessions=SessionSettings(clock=FileClock(str(clock))))
+        with TestClient(app) as client:
+            fake.queue(BIG, {**BIG, "text": None, "tool_calls": [{"name": "bye", "arguments": {}}]})
+            for n, text in enumerate(("shoes?", "bye", "hello again"), 1):
+                sent = client.post("/channels/shop/telegram", json=telegram_message(n, text),
+                                   headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET})
+                assert sent.status_code == 200, sent.text
+                wait_until(lambda n=n: len(telegram.calls("sendMessage")) >= n, what=f"reply {n}")
+            told = [c["text"] for c in telegram.calls("sendMessage")]
+    assert told == ["Here are our shoes.", "Goodbye.",
+                    BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")]
+    assert len(fake.requests) == 2
