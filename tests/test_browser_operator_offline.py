@@ -12,6 +12,7 @@ screenshots."""
 from __future__ import annotations
 
 import signal
+import urllib.request
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from browser_support import BROWSER_MARKS, chromium, shot
 from hitl_support import SHOP, responder
 from redis_support import Replica
-from test_browser_inbox import AUTH, open_page, waiting_customer
+from test_browser_inbox import AUTH, TOKENS, open_page, waiting_customer
 from test_browser_operator_zoom import on_screen
 
 pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
@@ -76,4 +77,29 @@ def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, t
             page.wait_for_selector("#operator-input", timeout=30_000)
         else:
             page.locator(".op-session").first.wait_for()
+    assert errors == []
+
+
+def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_back(fake, tmp_path):
+    """A refusal (the conversation was deleted: 404) still takes the conversation's place, now with
+    its *‹ List* button: on a phone the list is not beside it, and there was no way back but a reload."""
+    fake.responder = responder
+    (tmp_path / "auth.yaml").write_text(AUTH)
+    replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url,
+                      "--auth", str(tmp_path / "auth.yaml"))
+    errors: list[str] = []
+    with replica.served(), chromium() as browser:
+        session = waiting_customer(replica.url, "ana", "human please, my order is late")
+        page = open_page(browser, replica.url, "/operator", "sam", 390, errors)
+        page.locator(".op-session").first.click()
+        page.wait_for_selector("#take-over", timeout=30_000)
+        request = urllib.request.Request(f"{replica.url}/bots/shop/sessions/{session}", method="DELETE",
+                                         headers={"Authorization": f"Bearer {TOKENS['ana']}"})
+        urllib.request.urlopen(request, timeout=60).close()
+        page.locator("#detail .notice.error").wait_for(timeout=30_000)
+        shot(page, "operator-deleted-conversation-390")
+        on_screen(page, "#detail .op-back")
+        page.click("#detail .op-back")
+        page.locator("#sessions").wait_for()
+        on_screen(page, "#sessions")
     assert errors == []

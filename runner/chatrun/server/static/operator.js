@@ -401,8 +401,9 @@
     const box = $("detail");
     box.textContent = "";
     box.removeAttribute("data-session");
-    box.appendChild(backButton());
-    box.appendChild(el("div", "notice error", text));
+    const problem = box.appendChild(el("div", "op-problem"));
+    problem.appendChild(backButton());
+    problem.appendChild(el("div", "notice error", text));
   }
 
   function renderSession(data, inspect) {
