@@ -4,7 +4,9 @@ panel is the bot's page in Arabic, mirrored (its title at the right, the close b
 and its message box, empty, is written from the right: the caret and the placeholder start at
 the right edge, as the visitor will type. A box whose `dir="auto"` finds no letter to go by fell
 back to left-to-right, its placeholder pushed to the left edge; typed Latin text still turns the
-box left-to-right. A real chat server and a host site on two loopback ports, the fake OpenAI
+box left-to-right. The launcher and its panel sit at the end of the host page's line
+(`widget.position`'s default, `end`): bottom-left on the right-to-left page, bottom-right once it
+turns left to right. A real chat server and a host site on two loopback ports, the fake OpenAI
 server as the model. Screenshots at 390 and 1280 px (CHATRUN_SCREENSHOTS=DIR keeps them)."""
 
 from __future__ import annotations
@@ -102,3 +104,37 @@ def test_an_arabic_panel_is_mirrored_and_its_empty_box_starts_at_the_right(fake,
         frame.locator("#input").fill("شكرا")
         assert box_side(frame) == "rtl"
         shot(page, name + "-answered")
+
+
+def box(page: Any, part: str) -> dict[str, float]:
+    return page.locator(f"[data-chatrun-widget] >> {part}").bounding_box()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_on_a_right_to_left_page_the_launcher_and_its_panel_sit_at_the_lines_end_bottom_left(fake, tmp_path, width):
+    """`widget.position`'s default, `end`: the end of the host page's line, the left on a
+    `<html dir="rtl">` page (it was the right); the panel opens on that side (the whole screen
+    on a phone), and a page that turns left to right moves them to the right."""
+    port = free_port()
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "ar.yaml").write_text("hello: مرحبا\n")
+    (tmp_path / "bot.yaml").write_text(BOT.format(site=f"http://127.0.0.1:{port}"))
+    app = create_app([chatrun.load_bot(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 'chat.db'}")
+    with ThreadServer(app) as chat, host_site(port, chat.url, True) as site, shop_page(site + "/", width) as page:
+        page.locator("[data-chatrun-widget] >> .launcher").wait_for()
+        launcher = box(page, ".launcher")
+        assert launcher["x"] == 20 and launcher["y"] + launcher["height"] == 800 - 20  # bottom-left
+        shot(page, f"widget-rtl-end-{width}-closed")
+        page.locator("[data-chatrun-widget] >> .launcher").click()
+        panel_frame(page)
+        panel = box(page, ".panel")
+        if width > 480:
+            assert panel["x"] == 20 and panel["y"] + panel["height"] == 800 - 92  # above the launcher, at the left
+        else:
+            assert (panel["x"], panel["width"]) == (0, width)  # a phone: the whole screen
+        shot(page, f"widget-rtl-end-{width}-open")
+        page.keyboard.press("Escape")
+        page.evaluate("document.documentElement.dir = 'ltr'")  # the page switches to a left-to-right language
+        launcher = box(page, ".launcher")
+        assert launcher["x"] + launcher["width"] == width - 20  # bottom-right now
+        shot(page, f"widget-ltr-end-{width}-closed")

@@ -89,6 +89,24 @@ def test_a_widget_colour_too_light_for_white_text_is_a_warning_at_its_line(tmp_p
     assert not [d for d in check_bot(tmp_path / "bot.yaml")[1] if "widget.color" in d.message]
 
 
+def test_a_right_to_left_bot_without_a_position_is_told_that_its_default_corner_is_now_the_lines_end(tmp_path):
+    (tmp_path / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "ar.yaml").write_text("hello: مرحبا\n")
+    arabic = BOT.replace("name: travel\n", "name: travel\nlocales: [ar]\n")
+
+    def told(bot: str) -> list[tuple[str, int]]:
+        (tmp_path / "bot.yaml").write_text(bot)
+        return [(d.severity, d.line) for d in check_bot(tmp_path / "bot.yaml")[1] if "has no `position`" in d.message]
+
+    assert told(arabic.replace("  position: left\n", "")) == [("warning", 5)]  # at `widget:`
+    assert chatrun.load_bot(tmp_path / "bot.yaml").config.widget.position == "end"
+    for side in ("end", "start", "right"):  # a named corner: nothing to tell, and the schema takes it
+        assert told(arabic.replace("position: left", f"position: {side}")) == []
+        assert chatrun.load_bot(tmp_path / "bot.yaml").config.widget.position == side
+    assert told(BOT.replace("  position: left\n", "")) == []  # no right-to-left locale
+
+
 def test_the_config_is_given_to_a_declared_origin_only(client, caplog):
     answer = client.get("/widget/travel/config", headers={"Origin": SITE})
     assert answer.status_code == 200

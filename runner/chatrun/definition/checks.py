@@ -49,6 +49,7 @@ from chatrun.definition.config import (
 from chatrun.definition.graph import RouteGraph
 from chatrun.definition.kinds import kinds
 from chatrun.definition.knowledge import check_knowledge
+from chatrun.definition.page_texts import direction
 from chatrun.definition.sources import Sources, suggest
 from chatrun.definition.templates import (
     DISPLAY_VARIABLES,
@@ -690,6 +691,20 @@ class _Checker:
             self.add("warning", f"`widget.identity` is `signed`, but the environment variable `{widget.secret_env}` "
                      "(the key signed identities are checked with) is not set, so every visitor is refused; set it "
                      "where the server runs (docs/widget.md)", "widget", "identity")
+        self.widget_position(raw)
+
+    def widget_position(self, raw: dict[str, Any]) -> None:
+        """`widget.position`'s default became `end` (the host page's line end: the left on a
+        right-to-left page, where it was the right): a bot written in a right-to-left language,
+        whose pages are likely right to left, is told until it names its corner."""
+        catalogs = self.config.catalogs
+        rtl = [loc for loc in (catalogs.locales if catalogs else ()) if direction(loc) == "rtl"]
+        if "position" in raw or not rtl:
+            return
+        self.add("warning", f"`widget` has no `position`: its default is now `end`, the end of the host page's line, "
+                 f"so on a right-to-left page (as for this bot's `{rtl[0]}`) the launcher and its panel sit bottom-left, "
+                 "where they sat bottom-right before; write `position: end` to keep that, or `position: right` for the "
+                 "old corner (docs/widget.md)", "widget", "position")
 
     def timezones(self) -> None:
         """`timezone:` and a declared `state.timezone` default name IANA zones (docs/format.md, "The clock")."""

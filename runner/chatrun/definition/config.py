@@ -710,7 +710,7 @@ class WidgetConfig:
     greeting: str = ""
     color: str = "#2563eb"
     logo: str = ""  # a file of the bot (relative to its folder) or an https:// URL; "": none
-    position: str = "right"
+    position: str = "end"  # start/end: the host page's line sides; left/right: physical
     identity: str = "either"  # signed identities, anonymous visitors, or either
     secret_env: str = WIDGET_SECRET_ENV
     where: Location = field(default_factory=Location)

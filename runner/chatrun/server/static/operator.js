@@ -73,7 +73,13 @@
     const opts = Object.assign({ headers: {} }, options || {});
     if (TOKEN) opts.headers.Authorization = "Bearer " + TOKEN;
     if (opts.body) opts.headers["Content-Type"] = "application/json";
-    const r = await fetch(path, opts);
+    let r;
+    try {
+      r = await fetch(path, opts);
+    } catch (err) { // no answer at all: the server is away (err.offline), not a refusal
+      err.offline = true;
+      throw err;
+    }
     const body = await r.json().catch(() => ({}));
     if (!r.ok) {
       const err = new Error(body.message || r.statusText);
@@ -84,9 +90,13 @@
     return body;
   }
 
+  /** The page's state in the top bar, a live region: written only when it changes, so a screen
+   * reader says "server unreachable" once, not at every poll (every 3 s) while the server is away. */
   function setStatus(state, text) {
-    $("status").dataset.state = state;
-    $("status").textContent = text;
+    const status = $("status");
+    if (status.dataset.state === state && status.textContent === text) return;
+    status.dataset.state = state;
+    status.textContent = text;
   }
 
   function sessionPath(bot, id) {
@@ -366,6 +376,7 @@
     const current = open;
     try {
       const data = await call(sessionPath(current.bot, current.id));
+      if ($("status").textContent === tx("unreachable")) setStatus("online", tx("op_live")); // it answers again
       // Redrawn only when a turn was made: an operator typing keeps what they typed.
       const mark = JSON.stringify([data.turn, data.taken_over, (data.pending || []).map((i) => i.id)]);
       if (current === open && mark !== current.mark) {
@@ -378,15 +389,21 @@
       }
       if (current === open) showTyping(await call(sessionPath(current.bot, current.id) + "/typing").catch(() => null));
     } catch (err) {
-      renderProblem(err.message);
+      if (err.offline) setStatus("offline", tx("unreachable")); // the server is away: keep what is shown
+      else if (current === open) { current.mark = null; renderProblem(err.message); } // redrawn once it answers again
     }
     if (current === open) sessionTimer = setTimeout(refreshSession, 1500);
   }
 
+  /** The server's refusal in place of the conversation, with the way back to the list (a phone
+   * shows no list beside it). */
   function renderProblem(text) {
     const box = $("detail");
     box.textContent = "";
-    box.appendChild(el("div", "notice error", text));
+    box.removeAttribute("data-session");
+    const problem = box.appendChild(el("div", "op-problem"));
+    problem.appendChild(backButton());
+    problem.appendChild(el("div", "notice error", text));
   }
 
   function renderSession(data, inspect) {
@@ -441,12 +458,17 @@
     refreshList();
   }
 
-  function renderHead(data) {
-    const head = el("div", "op-detail-head");
+  /** A phone's "‹ List" (hidden where the list is beside the conversation). */
+  function backButton() {
     const back = el("button", "btn op-back", tx("op_back"));
     back.type = "button";
     back.addEventListener("click", backToList);
-    head.appendChild(back);
+    return back;
+  }
+
+  function renderHead(data) {
+    const head = el("div", "op-detail-head");
+    head.appendChild(backButton());
     const title = el("div", "op-head-title");
     const name = title.appendChild(el("h2", "", open.owner || tx("op_visitor", { id: data.id.slice(0, 6) })));
     name.id = "op-detail-title";

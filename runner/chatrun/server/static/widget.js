@@ -65,6 +65,9 @@
     }
     .panel iframe { width: 100%; height: 100%; border: 0; display: block; }
     .right { right: 20px; } .left { left: 20px; }
+    /* start/end: the sides of the host page's line (its <html dir> or CSS direction, which the
+       widget's element inherits: :host's "all" leaves direction alone), followed if it changes */
+    .start { inset-inline-start: 20px; } .end { inset-inline-end: 20px; }
     [hidden] { display: none !important; }
     @media (max-width: 480px) {
       .panel { inset: 0; width: 100%; height: 100%; border-radius: 0; border: 0; }
@@ -91,7 +94,7 @@
     const root = host.attachShadow({ mode: "open" });
     root.innerHTML = "<style>" + CSS + "</style>";
     host.style.setProperty("--accent", config.color);
-    const side = config.position === "left" ? "left" : "right";
+    const side = ["left", "right", "start"].includes(config.position) ? config.position : "end";
 
     const panel = document.createElement("div");
     panel.className = "panel " + side;
