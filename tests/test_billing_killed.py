@@ -54,12 +54,12 @@ def used(prompt: int, completion: int) -> dict:
     return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int | None = None) -> list[dict]:
-    """Send `text` on chat r1; with `calls_before_kill`, return once the model has that many
-    requests (the turn is then in its last, hanging call), else the turn's frames."""
+async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int | None = None,
+               first: bool = False) -> list[dict]:
+    """Send `text` on chat r1 (`first`: a new chat); with `calls_before_kill`, return once the
+    model has that many requests (the turn is then in its last, hanging call), else the turn's frames."""
     async with websockets.connect(ws_url) as ws:
-        again = calls_before_kill is None  # the page after the restart resumes its chat
-        await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1", "resume": again}))
+        await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1", "resume": not first}))
         await async_until_done(ws, timeout=60)
         await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "r1", "data": {"userMessage": text}}))
         if calls_before_kill is None:
@@ -71,25 +71,30 @@ async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int 
         return []
 
 
-def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict]]:
-    """The session r1 (its resource) after a killed attempt and its retry; the retry's frames."""
+def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int]]:
+    """The session r1 (its resource) after a committed turn, a killed attempt and its retry; the
+    retry's frames; what the report read between the kill and the restart (tokens, unfinished)."""
     bot = str(write_travel(tmp_path / "bots"))
     port = free_port()
     base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/_chat/routes"
     with FakeOpenAI() as fake:
-        # The dead attempt: its first call answers (100 + 10 tokens, billed), its second hangs.
-        fake.queue({**call("remember_name", name="Ana"), **used(100, 10)}, {"text": "never", "delay": 60})
+        # A committed turn (10 + 1 tokens), then the dead attempt: its first call answers (100 + 10
+        # tokens, billed), its second hangs.
+        fake.queue({"text": "Hello", **used(10, 1)},
+                   {**call("remember_name", name="Ana"), **used(100, 10)}, {"text": "never", "delay": 60})
         first = start_server(bot, store, port, fake)
         try:
-            asyncio.run(send(ws_url, "I'm Ana", fake, calls_before_kill=2))
+            asyncio.run(send(ws_url, "hi", fake, first=True))
+            asyncio.run(send(ws_url, "I'm Ana", fake, calls_before_kill=3))
         finally:
             first.kill()  # SIGKILL, after the model answered and before the commit
             first.wait(10)
+        between = asyncio.run(reported(store))
         fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)})
         second = start_server(bot, store, port, fake)
         try:
             frames = asyncio.run(send(ws_url, "I'm Ana", fake))
-            return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames
+            return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between
         finally:
             second.kill()
             second.wait(10)
@@ -99,18 +104,19 @@ def check_counted_once(session: dict, frames: list[dict]) -> None:
     assert frames[-1]["type"] == "Completed" and "Hi Ana" in [f.get("data") for f in frames]
     # The dead attempt's one answered call and the retry's two, each once.
     usage = session["usage"]
-    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (600, 60, 3)
-    dead, retry = [e for e in session["history"] if e.get("turn") == 1]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (610, 61, 4)
+    dead, retry = [e for e in session["history"] if e.get("turn") == 2]
     assert dead["ok"] is False and dead["unfinished"] is True
     assert (dead["usage"]["input_tokens"], dead["usage"]["output_tokens"], dead["usage"]["calls"]) == (100, 10, 1)
     assert retry["ok"] is True and (retry["usage"]["input_tokens"], retry["usage"]["calls"]) == (500, 2)
 
 
-async def reported_tokens(url: str) -> int:
+async def reported(url: str) -> tuple[int, int]:
+    """What `chatrun report` counts of the one conversation: (tokens, unfinished attempts)."""
     store = open_async_store(url)
     try:
         [conversation] = await read_conversations(store)
-        return conversation.tokens
+        return conversation.tokens, conversation.unfinished
     finally:
         await store.close()
 
@@ -118,14 +124,18 @@ async def reported_tokens(url: str) -> int:
 @pytest.mark.slow
 def test_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path):
     url = f"sqlite:///{tmp_path / 'sessions.db'}"
-    session, frames = killed_then_retried(tmp_path, url)
+    session, frames, between = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
-    assert asyncio.run(reported_tokens(url)) == 660
+    # The report counts the dead attempt's record before any attempt took it up, then its entry.
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550, 1)
 
 
 @pytest.mark.slow
 def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, redis_server):
     url = redis_server.url()
-    session, frames = killed_then_retried(tmp_path, url)
+    session, frames, between = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
-    assert asyncio.run(reported_tokens(url)) == 660
+    # The report counts the dead attempt's record before any attempt took it up, then its entry.
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550, 1)
