@@ -72,8 +72,8 @@ async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int 
 
 
 def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int]]:
-    """The session r1 (its resource) after a committed turn, a killed attempt and its retry; the
-    retry's frames; what the report read between the kill and the restart (tokens, unfinished)."""
+    """The session r1 (its resource) after a committed turn, a killed attempt, its retry and one
+    more turn; the retry's frames; what the report read between the kill and the restart (tokens, unfinished)."""
     bot = str(write_travel(tmp_path / "bots"))
     port = free_port()
     base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/_chat/routes"
@@ -90,10 +90,12 @@ def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[i
             first.kill()  # SIGKILL, after the model answered and before the commit
             first.wait(10)
         between = asyncio.run(reported(store))
-        fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)})
+        fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)},
+                   {"text": "Bye", **used(5, 1)})
         second = start_server(bot, store, port, fake)
         try:
             frames = asyncio.run(send(ws_url, "I'm Ana", fake))
+            asyncio.run(send(ws_url, "bye", fake))  # the next turn does not count the dead attempt again
             return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between
         finally:
             second.kill()
@@ -104,7 +106,7 @@ def check_counted_once(session: dict, frames: list[dict]) -> None:
     assert frames[-1]["type"] == "Completed" and "Hi Ana" in [f.get("data") for f in frames]
     # The dead attempt's one answered call and the retry's two, each once.
     usage = session["usage"]
-    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (610, 61, 4)
+    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (615, 62, 5)
     dead, retry = [e for e in session["history"] if e.get("turn") == 2]
     assert dead["ok"] is False and dead["unfinished"] is True
     assert (dead["usage"]["input_tokens"], dead["usage"]["output_tokens"], dead["usage"]["calls"]) == (100, 10, 1)
@@ -128,7 +130,7 @@ def test_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path):
     check_counted_once(session, frames)
     # The report counts the dead attempt's record before any attempt took it up, then its entry.
     assert between == (11 + 110, 1)
-    assert asyncio.run(reported(url)) == (11 + 110 + 550, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
 
 
 @pytest.mark.slow
@@ -138,4 +140,4 @@ def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(t
     check_counted_once(session, frames)
     # The report counts the dead attempt's record before any attempt took it up, then its entry.
     assert between == (11 + 110, 1)
-    assert asyncio.run(reported(url)) == (11 + 110 + 550, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)

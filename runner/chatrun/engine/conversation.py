@@ -104,7 +104,8 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry", "unscreened", "moved_by", "billed", "journal")
+                 "remembered", "unknown", "retry", "unscreened", "moved_by", "billed", "journal",
+                 "record_read")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -168,6 +169,7 @@ class Conversation:
         # the commit of a turn that made model calls (Session._count), never rolled back.
         self.billed: str | None = None
         self.journal: RecordJournal | None = None
+        self.record_read = False  # this live copy read its usage record (engine/turn.py `open_attempt`)
 
     # -- starting and resuming ---------------------------------------------------------
 

@@ -575,6 +575,9 @@ class Turn:
         committed, which the budgets count from now on and the turn's commit counts once."""
         c = self.t.c
         assert c.journal is not None
+        if c.record_read and c.journal.local:  # only this process writes the record: it knows it
+            return Attempt([])
+        c.record_read = True  # a live copy is dropped when a commit of it fails: it counted what it read
         return Attempt(unfinished(await c.journal.read(c.id), c.billed))
 
     async def journaled(self, attempt: Attempt) -> None:

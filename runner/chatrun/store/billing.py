@@ -53,10 +53,13 @@ def failed_entry(attempt: dict[str, Any]) -> dict[str, Any]:
 class RecordJournal:
     """A session's usage records in an async store's records (the server's sessions write here)."""
 
-    __slots__ = ("store",)
+    __slots__ = ("store", "local")
 
     def __init__(self, store: AsyncStore):
         self.store = store
+        # One process serves the store (SQLite, memory://): a live session that read its record
+        # once knows every later one, its own process writing them (engine/turn.py `open_attempt`).
+        self.local = not store.distributed
 
     async def read(self, session_id: str) -> dict[str, Any] | None:
         """The session's usage record, or None (also when the store cannot be read: logged)."""
