@@ -1,7 +1,7 @@
 """A model call the provider billed is counted even when the server dies before the turn commits
 (store/billing.py; docs/observability.md, "What a killed server's attempt used").
 
-A real `chatrun serve` (SQLite, then Redis) answered by fake_openai: a turn's first model call
+A real `chatrun serve` (SQLite, Redis, PostgreSQL) answered by fake_openai: a turn's first model call
 answers (a tool call), its second hangs, and the server is killed (SIGKILL) then. Started again,
 the page sends the message again: the session's usage, its history and `chatrun report`'s
 tokens count the dead attempt's call and the retry's calls, each once.
@@ -139,5 +139,14 @@ def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(t
     session, frames, between = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
     # The report counts the dead attempt's record before any attempt took it up, then its entry.
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
+
+
+@pytest.mark.slow
+def test_on_postgres_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, postgres_server):
+    url = postgres_server.url()
+    session, frames, between = killed_then_retried(tmp_path, url)
+    check_counted_once(session, frames)
     assert between == (11 + 110, 1)
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
