@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatrun import events as ev
 from chatrun.definition.config import BotConfig, MigrationConfig, RouteConfig
@@ -58,14 +58,18 @@ from chatrun.store.record import (
     scope_id,
 )
 
+if TYPE_CHECKING:
+    from chatrun.store.billing import RecordJournal
+
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
+BILLED_KEY = "billed"  # the last attempt whose model calls `usage` counts (store/billing.py)
 # Every top-level field a snapshot of this chatrun has: what `snapshot` writes, and "committed",
 # which the server adds to it as stored (store/record.py, with_committed). Any other was written
 # by a newer chatrun and is kept (Conversation.unknown).
 SNAPSHOT_KEYS = frozenset({"version", "bot", "bot_version", "id", "turn", "state", "scopes", "next_scope", "meta",
                            "usage", "updated", "ended", PENDING_KEY, PENDING_COUNTER_KEY, TAKEOVER_KEY, RESOLVED_KEY,
-                           DONE_CALLS_KEY, FOLLOW_UP_KEY, OUTCOME_KEY, RETRY_KEY, "committed"})
+                           DONE_CALLS_KEY, FOLLOW_UP_KEY, OUTCOME_KEY, RETRY_KEY, BILLED_KEY, "committed"})
 NOTHING_RESOLVED: Mapping[str, str] = MappingProxyType({})  # shared by every session with none
 NO_FACTS: Mapping[str, Any] = MappingProxyType({})  # user memory: shared by every session with none (replaced, not changed)
 
@@ -100,7 +104,8 @@ class Conversation:
     __slots__ = ("config", "store", "id", "roles", "principal", "turn_count", "_state", "_meta", "scopes", "_next_scope",
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
-                 "remembered", "unknown", "retry", "unscreened", "moved_by", "user_spent")
+                 "remembered", "unknown", "retry", "unscreened", "moved_by", "user_spent", "billed", "journal",
+                 "record_read")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -162,6 +167,12 @@ class Conversation:
         # deploy): written back as read by every commit (`snapshot`), so this replica never drops
         # them. None for nearly every session: then they cost `snapshot` one test.
         self.unknown: dict[str, Any] | None = None
+        # The last attempt (store/billing.py) whose model calls `usage` counts, and what records
+        # each model call's usage durably as it ends (the server's; None: nothing does). Set by
+        # the commit of a turn that made model calls (Session._count), never rolled back.
+        self.billed: str | None = None
+        self.journal: RecordJournal | None = None
+        self.record_read = False  # this live copy read its usage record (engine/turn.py `open_attempt`)
 
     # -- starting and resuming ---------------------------------------------------------
 
@@ -198,6 +209,7 @@ class Conversation:
         self.follow_up = follow_up_of(snapshot)
         self.outcome = outcome_of(snapshot)
         self.retry = retry_of(snapshot)
+        self.billed = snapshot.get(BILLED_KEY)
         # One subset test in C when every field is known (the usual case).
         self.unknown = None if snapshot.keys() <= SNAPSHOT_KEYS else {
             k: v for k, v in snapshot.items() if k not in SNAPSHOT_KEYS}
@@ -228,6 +240,7 @@ class Conversation:
             **({FOLLOW_UP_KEY: self.follow_up} if self.follow_up else {}),
             **({OUTCOME_KEY: self.outcome} if self.outcome else {}),
             **({RETRY_KEY: self.retry} if self.retry else {}),
+            **({BILLED_KEY: self.billed} if self.billed else {}),
         }
         if self.unknown is not None:
             snapshot.update(self.unknown)

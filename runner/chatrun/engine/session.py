@@ -68,6 +68,7 @@ from chatrun.memory.window import TokenWindowMemory
 from chatrun.messages import Attachment, ContextMessage, Message, SystemMessage, UserMessage
 from chatrun.models import ChatModel, ModelPool
 from chatrun.store import HistoryStore, RecordStore, SessionStore, user_memory
+from chatrun.store.billing import RecordJournal, failed_entry
 from chatrun.store.blobs import BlobArea
 from chatrun.store.record import (
     OUTBOX_KEY,
@@ -387,6 +388,12 @@ class Session:
         """Every model call of the session, summed (failed turns included): tokens, cost
         (None without `prices:`), calls, and whether any count was estimated."""
         return self._c.usage.to_dict()
+
+    def record_usage_in(self, journal: RecordJournal | None) -> None:
+        """Have each model call's usage recorded durably in `journal` as the call ends (a server's
+        sessions: store/billing.py), so a process killed before the turn's commit loses none of
+        what was billed; the next attempt counts it once."""
+        self._c.journal = journal
 
     @property
     def closed(self) -> bool:
@@ -831,7 +838,6 @@ class Session:
                 await user_summary.write(turn, before, self.may_summarize)
             self._c.turn_count = turn.number
             self._c.retry = None  # a committed turn ends a failing timeout's backoff
-            self._c.usage.add(turn.usage)
             if self._c.follow_up is not None or self._c.route.follow_up is not None:  # most turns: neither
                 self._c.follow_up = follow_up.armed(self._c, isinstance(decision, Expire))
             entry.update(ok=True, route=self.route, stack=self.stack, events=_plain(collected))
@@ -839,7 +845,7 @@ class Session:
                                                                              collected, self.locale)
             if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
                 entry[OUTBOX_KEY] = outbox
-            entry.update(_usage_entry(turn))
+            earlier = self._count(turn, entry)
             if self._moved is not None:
                 entry["moved"] = self._moved[2].to_dict()
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
@@ -848,7 +854,7 @@ class Session:
             if self._c.remembered and self.bot.config.redacts_kept:  # user memory is stored too: `storage` guards
                 kept = _storage(self.bot.config, [*turn.hops, self.route])  # the facts' names are the author's
                 self._c.remembered = {fact: kept(value) for fact, value in self._c.remembered.items()}
-            self.store.commit_turn(self.id, self._c.snapshot(), memories, [self._with_remembered(entry)])
+            self.store.commit_turn(self.id, self._c.snapshot(), memories, [*earlier, self._with_remembered(entry)])
             self._last_entry = entry
             self._moved, self._c.moved_by = None, ()
             self._save_remembered()
@@ -987,12 +993,24 @@ class Session:
             if keep_done is not None:
                 self._c.done_calls = keep_done
             # The conversation is as before, but the calls were made (and paid for): they count.
-            self._c.usage.add(turn.usage)
-            entry.update(_usage_entry(turn))
+            earlier = self._count(turn, entry)
             entry.setdefault("route", self.route)
             entry, _ = self._stored(entry, {}, turn)
-            self.store.commit_turn(self.id, stored(), {}, [entry])
+            self.store.commit_turn(self.id, stored(), {}, [*earlier, entry])
             self._last_entry = entry
+
+    def _count(self, turn: Turn, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """Count the turn's model calls in the session's usage and on its history entry, with the
+        session's earlier attempts that never committed (store/billing.py), which the commit
+        records first, each as a failed attempt: the commit and their record are one count."""
+        self._c.usage.add(turn.usage)
+        entry.update(_usage_entry(turn))
+        attempt = turn.attempt
+        if attempt is None:  # no server records this session's calls (or the turn made none)
+            return []
+        self._c.usage.add(attempt.earlier())
+        self._c.billed = attempt.billed(self._c.billed)
+        return [failed_entry(a) for a in attempt.unfinished]
 
     @contextmanager
     def _as_stored(self) -> Iterator[Callable[[], dict[str, Any]]]:

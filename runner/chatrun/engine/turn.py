@@ -64,7 +64,7 @@ from chatrun.engine.tools import (
     parse_output,
     plan_route,
 )
-from chatrun.engine.usage import Usage, call_usage, check_budgets
+from chatrun.engine.usage import Attempt, Usage, call_usage, check_budgets
 from chatrun.errors import MessageTooLong, ModelError, TurnFailed
 from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory, TokenWindowMemory
@@ -83,6 +83,7 @@ from chatrun.models import fallback
 from chatrun.models.base import ChatModel, ChunkCallback, ModelRequest, ModelResponse
 from chatrun.models.fallback import Breakers, Switch
 from chatrun.models.text_calls import TextCalls
+from chatrun.store.billing import unfinished
 from chatrun.store.blobs import BlobArea
 
 log = logging.getLogger("chatrun.engine")
@@ -150,6 +151,7 @@ class Turn:
         self.model_calls = 0
         self.usage = Usage()  # the turn's model calls, summed
         self.calls_usage: list[dict[str, Any]] = []  # each call's, for the history
+        self.attempt: Attempt | None = None  # on a server that records each call's usage: from the first call
         self.summaries: list[dict[str, Any]] = []  # what summarize() did, for the history
         self.hops: list[str] = []
         # Each model answer of the turn ({text?, tool_calls?}), for the history (its `model`): with
@@ -294,9 +296,10 @@ class Turn:
             self.t.given = None  # checked once: later calls may have evicted it for tool results
         counted = self.sent_tokens(run.memory, request.messages, len(extra), self.counter(model_config.name))
         price = self.t.config.prices.get(model_config.name)
+        if self.attempt is None and self.t.c.journal is not None:
+            self.attempt = await self.open_attempt()
         if self.t.config.limits.has_budgets:
-            sent = counted()
-            check_budgets(self.t.config.limits, self.usage, self.t.c.usage, sent, price, route.name,
+            check_budgets(self.t.config.limits, self.usage, self.session_usage(), counted(), price, route.name,
                           self.t.c.user_spent)
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         # A reply that must cite a source is checked before anyone sees it: not streamed either.
@@ -327,6 +330,8 @@ class Turn:
             self.answers.append(_answer_record(answer))
             usage = self.account(route.name, used.name, response.usage, price, request.messages, answer,
                                  used.provider, sent_tokens, switches)
+            if self.attempt is not None:
+                await self.journaled(self.attempt)
             if span is not None:
                 content = tracing.capture_content()
                 # The storage rule applies to traces: they are kept too (the `storage` guardrails, and
@@ -534,12 +539,16 @@ class Turn:
         policy = self.t.config.route_memory(route)
         config = self.t.config.route_model(route).merged(policy.summary_model)
         request = ModelRequest([SystemMessage(instructions), UserMessage(text)], [], config, f"{route} (summary)")
+        if self.attempt is None and self.t.c.journal is not None:
+            self.attempt = await self.open_attempt()
         with tracing.chat_span(config.provider, config.name, request.route, config.temperature) as span:
             response, used, switches = await self.call_model(request, None)
             tracing.record_answered_by(span, used.name, config.name)
         answer = AssistantMessage(response.text)
         self.account(request.route, used.name, response.usage, self.t.config.prices.get(used.name),
                      request.messages, answer, used.provider, switches=switches)
+        if self.attempt is not None:
+            await self.journaled(self.attempt)
         return summary_answer(response, used, "the memory's summary_model")
 
     async def call_model(self, request: ModelRequest, on_chunk: ChunkCallback | None
@@ -560,6 +569,32 @@ class Turn:
         answered = await fallback.complete(self.model, request, on_chunk, observe.timed_call, self.breakers,
                                            self.t.c.clock.now, switched)
         return answered.response, answered.config, answered.switches
+
+    async def open_attempt(self) -> Attempt:
+        """Before the turn's first model call, on a server that records each call's usage as it
+        ends (store/billing.py): the attempt, with the session's earlier attempts that never
+        committed, which the budgets count from now on and the turn's commit counts once."""
+        c = self.t.c
+        assert c.journal is not None
+        if c.record_read and c.journal.local:  # only this process writes the record: it knows it
+            return Attempt([])
+        c.record_read = True  # a live copy is dropped when a commit of it fails: it counted what it read
+        return Attempt(unfinished(await c.journal.read(c.id), c.billed))
+
+    async def journaled(self, attempt: Attempt) -> None:
+        """A model call ended: the attempt's usage so far recorded durably (one write), so a process
+        killed before the commit does not lose what the provider billed."""
+        assert self.t.c.journal is not None
+        if await self.t.c.journal.write(self.t.c.id, attempt.record(self.number, self.usage, self.calls_usage)):
+            attempt.written = True
+
+    def session_usage(self) -> Usage:
+        """The session's usage the budgets count: with the earlier attempts that never committed."""
+        if self.attempt is None or not self.attempt.unfinished:
+            return self.t.c.usage
+        total = self.t.c.usage.copy()
+        total.add(self.attempt.earlier())
+        return total
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str,

@@ -13,6 +13,8 @@ price), `calls`, and `estimated` (true when any call was counted rather than rep
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -157,3 +159,36 @@ def _past(route: str, whose: str, name: str, budget: float, projected: float) ->
     unit = "tokens" if name.endswith("tokens") else "in cost"
     return (f"the next model call on route {route} would take {whose} to {projected:.6g} {unit}, "
             f"past limits.{name} = {budget:g}; the turn stops here")
+
+
+class Attempt:
+    """A turn tried on a server that records each model call's usage as it ends (store/billing.py):
+    its random `id`, the session's earlier attempts that no commit counted (`unfinished`, from
+    the record it found), and whether its own record was written (`written`)."""
+
+    __slots__ = ("id", "unfinished", "written")
+
+    def __init__(self, unfinished: list[dict[str, Any]]):
+        self.id = secrets.token_hex(8)
+        self.unfinished = unfinished
+        self.written = False
+
+    def earlier(self) -> Usage:
+        """What the unfinished attempts used, summed."""
+        total = Usage()
+        for attempt in self.unfinished:
+            usage = attempt.get("usage")
+            total.add(Usage.from_dict(usage if isinstance(usage, dict) else None))  # its `by_call` is no field
+        return total
+
+    def billed(self, before: str | None) -> str | None:
+        """The attempt a session's usage counts last once this one is counted: this one when its
+        record was written (it names the unfinished ones too), else the one the record still names."""
+        if self.written:
+            return self.id
+        return self.unfinished[-1].get("attempt") if self.unfinished else before
+
+    def record(self, turn: int, usage: Usage, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """This attempt's usage record after a model call (store/billing.py)."""
+        return {"attempt": self.id, "turn": turn, "at": time.time(), "usage": {**usage.to_dict(), "by_call": calls},
+                **({"earlier": self.unfinished} if self.unfinished else {})}

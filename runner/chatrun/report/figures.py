@@ -44,6 +44,7 @@ class Group:
     cost: float = 0.0
     priced: int = 0  # conversations with a cost (their bot declares prices)
     tokens: int = 0
+    unfinished: int = 0  # attempts that never committed (their calls are in cost and tokens)
     up: int = 0
     down: int = 0
     seconds: list[float] = field(default_factory=list)
@@ -57,6 +58,7 @@ class Group:
             self.cost += c.cost
             self.priced += 1
         self.tokens += c.tokens
+        self.unfinished += c.unfinished
         for rating in c.ratings:
             if rating == "up":
                 self.up += 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
+from chatrun.store import billing
 from chatrun.store.aio import AsyncStore
 from chatrun.store.record import REPORT_HISTORY_PATHS, REPORT_SESSION_PATHS, json_path
 
@@ -45,6 +46,9 @@ class Conversation:
     tokens: int
     seconds: list[float] = field(default_factory=list)  # each committed user turn's time
     ratings: list[str] = field(default_factory=list)  # each rated turn's newest rating ("up", "down")
+    # Attempts whose process ended before they committed (store/billing.py): their model calls are
+    # in `tokens` and `cost` (a record no later attempt took up yet too: `with_unfinished`).
+    unfinished: int = 0
 
 
 async def read_conversations(store: AsyncStore, since: float | None = None) -> list[Conversation]:
@@ -56,7 +60,9 @@ async def read_conversations(store: AsyncStore, since: float | None = None) -> l
         rows = _joined(sessions, history)
     else:
         rows = [row async for row in _protocol_rows(store)]
-    found = joined(b for b in (_branch(values, entries) for values, entries in rows) if b is not None)
+    branches = [b for b in (_branch(values, entries) for values, entries in rows) if b is not None]
+    await with_unfinished(store, branches)
+    found = joined(branches)
     return [c for c in found if since is None or c.started >= since]
 
 
@@ -97,16 +103,19 @@ class Branch:
     last: float  # when its last turn ran that was not the sweeper's
     rated: dict[Any, tuple[Any, str]]  # turn -> (when, as kept; its newest rating)
     conversation: Conversation  # its values, its usage its own (what it carried over taken off)
+    billed: Any = None  # the last attempt its usage counts (store/billing.py)
 
 
 def _branch(values: tuple[Any, ...], entries: Iterable[tuple[Any, ...]]) -> Branch | None:
     (bot, version, state_locale, meta_locale, outcome, route, cost, input_tokens, output_tokens,
-     sid, keys, parent, fork_turn, carried_cost, carried_in, carried_out) = values
+     sid, keys, parent, fork_turn, carried_cost, carried_in, carried_out, billed) = values
     started: float | None = None
     last: Any = 0.0
     seconds: list[float] = []
     rated: dict[Any, tuple[Any, str]] = {}
-    for turn, at, ok, took, decision, rated_turn, rating in entries:  # in the order they were kept
+    unfinished = 0
+    for turn, at, ok, took, decision, rated_turn, rating, dead in entries:  # in the order they were kept
+        unfinished += dead is True or dead == 1  # SQLite's json_extract reads true as 1
         if turn is not None:
             if started is None and isinstance(at, int | float):
                 started = float(at)
@@ -126,12 +135,29 @@ def _branch(values: tuple[Any, ...], entries: Iterable[tuple[Any, ...]]) -> Bran
         tokens -= int(carried_in or 0) + int(carried_out or 0)
     conversation = Conversation(bot, str(version or "")[:8], locale if isinstance(locale, str) and locale
                                 else NO_LOCALE, outcome if isinstance(outcome, str) else None, str(route or ""),
-                                started, own_cost, tokens, seconds)
+                                started, own_cost, tokens, seconds, unfinished=unfinished)
     own = str(sid) if sid is not None else None
     root = keys if isinstance(keys, str) else own if own is not None else object()
     return Branch(own or "", root, parent if isinstance(parent, str) else None,
                   fork_turn if isinstance(fork_turn, int) else 0, last if isinstance(last, int | float) else 0.0,
-                  rated, conversation)
+                  rated, conversation, billed)
+
+
+async def with_unfinished(store: AsyncStore, branches: list[Branch]) -> None:
+    """Count in each stored session the attempts its usage record (store/billing.py) holds that
+    no commit counted yet: their process ended after the provider billed their model calls, and
+    no later attempt of the session took them up (its next turn would)."""
+    by_id = {b.id: b for b in branches}
+    for key in await store.record_keys(billing.PREFIX):
+        branch = by_id.get(key[len(billing.PREFIX):])
+        if branch is None:
+            continue
+        for attempt in billing.unfinished(await store.get_record(key), branch.billed):
+            usage, conversation = attempt.get("usage") or {}, branch.conversation
+            conversation.unfinished += 1
+            conversation.tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+            if isinstance(usage.get("cost"), int | float):
+                conversation.cost = (conversation.cost or 0.0) + float(usage["cost"])
 
 
 def _less(value: int | float, carried: Any) -> float:
@@ -172,7 +198,8 @@ def _one(branches: list[Branch]) -> Conversation:
     return Conversation(head.bot, head.version, head.locale, outcome, head.route,
                         min(b.conversation.started for b in branches), sum(costs) if costs else None,
                         sum(b.conversation.tokens for b in branches),
-                        [s for b in branches for s in b.conversation.seconds], [r for _, r in sorted(rated.values())])
+                        [s for b in branches for s in b.conversation.seconds], [r for _, r in sorted(rated.values())],
+                        sum(b.conversation.unfinished for b in branches))
 
 
 def _owner(branch: Branch, turn: Any, by_id: dict[str, Branch]) -> str:

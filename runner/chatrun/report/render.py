@@ -153,14 +153,15 @@ def _funnel(total: Group) -> str:
 
 def _table(groups: list[Group], meanings: Meanings, unit: str) -> str:
     head = ["group", "conversations", "containment", "escalation", "abandonment", "resolution",
-            f"{unit} per resolved", "CSAT", "ratings", "user turns", *(f"p{p}" for p in PERCENTILES)]
+            f"{unit} per resolved", "unfinished attempts", "CSAT", "ratings", "user turns",
+            *(f"p{p}" for p in PERCENTILES)]
     lines = ["<table><thead><tr>", *(f"<th>{_e(h)}</th>" for h in head), "</tr></thead><tbody>"]
     for g in groups:
         rates = g.rates(meanings)
         cost = g.cost_per_resolved(meanings, unit == "cost")
         cells: list[tuple[str, float | None, Format]] = [
             ("conversations", g.conversations, number), *((k, rates[k], percent) for k in rates),
-            ("cost_per_resolved", cost, number), ("csat", g.csat, percent), ("ratings", g.up + g.down, number),
+            ("cost_per_resolved", cost, number), ("unfinished", g.unfinished, number), ("csat", g.csat, percent), ("ratings", g.up + g.down, number),
             ("turns", len(g.seconds), number),
             *((f"p{p}", v, millis) for p, v in g.latency().items())]
         lines.append(f"<tr><th scope=\"row\">{_e(g.name)}</th>")

@@ -36,6 +36,7 @@ from chatrun.server.session_writes import SessionWrites, exists
 from chatrun.server.versions import VersionShelf
 from chatrun.store import RecordStore
 from chatrun.store.aio import AsyncStore, Lease
+from chatrun.store.billing import RecordJournal
 from chatrun.store.blobs import BlobArea
 from chatrun.store.buffer import TurnBuffer
 from chatrun.store.record import SessionRecord, owner_in_meta, owner_meta
@@ -156,6 +157,7 @@ class SessionOpener:
         self.max_sessions_per_principal = max_sessions_per_principal
         # Records a Session's own store (its TurnBuffer) passes through: an in-process store's.
         self.records: RecordStore | None = getattr(store, "records", None)
+        self.journal = RecordJournal(store)  # store/billing.py: what a killed attempt's calls used
 
     async def ready(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         """Make slot.session the stored session's current state (reload if stale), or create it."""
@@ -280,6 +282,7 @@ class SessionOpener:
             raise wire.RequestFailed(wire.SERVER_ERROR, str(exc)) from None
         if self.clock is not None:
             session.clock = self.clock
+        session.record_usage_in(self.journal)  # each model call's usage, durable as it ends
         return session
 
 

@@ -256,9 +256,10 @@ REPORT_SESSION_PATHS = ("$.bot", "$.bot_version", "$.state.locale", "$.meta.loca
                         # a /v1 fork (forked_snapshot): counted with the conversation it is a branch of
                         "$.id", "$.meta.forked_from.keys", "$.meta.forked_from.session", "$.meta.forked_from.turn",
                         "$.meta.forked_from.usage.cost", "$.meta.forked_from.usage.input_tokens",
-                        "$.meta.forked_from.usage.output_tokens")
+                        "$.meta.forked_from.usage.output_tokens",
+                        "$.billed")  # the last attempt its usage counts (store/billing.py)
 REPORT_HISTORY_PATHS = ("$.turn", "$.at", "$.ok", "$.seconds", "$.input.decision.kind", "$.feedback.turn",
-                        "$.feedback.rating")
+                        "$.feedback.rating", "$.unfinished")
 
 
 def json_path(value: Any, path: str) -> Any:

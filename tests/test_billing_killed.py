@@ -1,0 +1,152 @@
+"""A model call the provider billed is counted even when the server dies before the turn commits
+(store/billing.py; docs/observability.md, "What a killed server's attempt used").
+
+A real `chatrun serve` (SQLite, Redis, PostgreSQL) answered by fake_openai: a turn's first model call
+answers (a tool call), its second hangs, and the server is killed (SIGKILL) then. Started again,
+the page sends the message again: the session's usage, its history and `chatrun report`'s
+tokens count the dead attempt's call and the retry's calls, each once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import websockets
+
+from chatrun.report.read import read_conversations
+from chatrun.store.aio import open_async_store
+from chatrun.testing.fake_openai import FakeOpenAI
+from server_support import REPO, async_until_done, call, free_port, write_travel
+
+pytestmark = pytest.mark.subprocess
+
+
+def start_server(bot: str, store: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
+    env["OPENAI_BASE_URL"] = fake.base_url
+    env["OPENAI_API_KEY"] = "test-key"
+    env.pop("CHATRUN_AUTH_FILE", None)
+    cmd = [sys.executable, "-m", "chatrun", "serve", bot, "--port", str(port), "--store", store,
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60  # a loaded 2-core machine starts Python slowly
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"chatrun serve exited: {proc.stdout.read().decode()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("chatrun serve did not start in 60 s")
+
+
+def used(prompt: int, completion: int) -> dict:
+    return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int | None = None,
+               first: bool = False) -> list[dict]:
+    """Send `text` on chat r1 (`first`: a new chat); with `calls_before_kill`, return once the
+    model has that many requests (the turn is then in its last, hanging call), else the turn's frames."""
+    async with websockets.connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "Connect", "extensions": True, "chatId": "r1", "resume": not first}))
+        await async_until_done(ws, timeout=60)
+        await ws.send(json.dumps({"type": "ChatRouteMessage", "chatId": "r1", "data": {"userMessage": text}}))
+        if calls_before_kill is None:
+            return await async_until_done(ws, timeout=60)
+        deadline = time.monotonic() + 60
+        while len(fake.requests) < calls_before_kill:
+            assert time.monotonic() < deadline, f"the model got {len(fake.requests)} requests, not {calls_before_kill}"
+            await asyncio.sleep(0.02)
+        return []
+
+
+def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int]]:
+    """The session r1 (its resource) after a committed turn, a killed attempt, its retry and one
+    more turn; the retry's frames; what the report read between the kill and the restart (tokens, unfinished)."""
+    bot = str(write_travel(tmp_path / "bots"))
+    port = free_port()
+    base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/_chat/routes"
+    with FakeOpenAI() as fake:
+        # A committed turn (10 + 1 tokens), then the dead attempt: its first call answers (100 + 10
+        # tokens, billed), its second hangs.
+        fake.queue({"text": "Hello", **used(10, 1)},
+                   {**call("remember_name", name="Ana"), **used(100, 10)}, {"text": "never", "delay": 60})
+        first = start_server(bot, store, port, fake)
+        try:
+            asyncio.run(send(ws_url, "hi", fake, first=True))
+            asyncio.run(send(ws_url, "I'm Ana", fake, calls_before_kill=3))
+        finally:
+            first.kill()  # SIGKILL, after the model answered and before the commit
+            first.wait(10)
+        between = asyncio.run(reported(store))
+        fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)},
+                   {"text": "Bye", **used(5, 1)})
+        second = start_server(bot, store, port, fake)
+        try:
+            frames = asyncio.run(send(ws_url, "I'm Ana", fake))
+            asyncio.run(send(ws_url, "bye", fake))  # the next turn does not count the dead attempt again
+            return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between
+        finally:
+            second.kill()
+            second.wait(10)
+
+
+def check_counted_once(session: dict, frames: list[dict]) -> None:
+    assert frames[-1]["type"] == "Completed" and "Hi Ana" in [f.get("data") for f in frames]
+    # The dead attempt's one answered call and the retry's two, each once.
+    usage = session["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (615, 62, 5)
+    dead, retry = [e for e in session["history"] if e.get("turn") == 2]
+    assert dead["ok"] is False and dead["unfinished"] is True
+    assert (dead["usage"]["input_tokens"], dead["usage"]["output_tokens"], dead["usage"]["calls"]) == (100, 10, 1)
+    assert retry["ok"] is True and (retry["usage"]["input_tokens"], retry["usage"]["calls"]) == (500, 2)
+
+
+async def reported(url: str) -> tuple[int, int]:
+    """What `chatrun report` counts of the one conversation: (tokens, unfinished attempts)."""
+    store = open_async_store(url)
+    try:
+        [conversation] = await read_conversations(store)
+        return conversation.tokens, conversation.unfinished
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+def test_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path):
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    session, frames, between = killed_then_retried(tmp_path, url)
+    check_counted_once(session, frames)
+    # The report counts the dead attempt's record before any attempt took it up, then its entry.
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
+
+
+@pytest.mark.slow
+def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, redis_server):
+    url = redis_server.url()
+    session, frames, between = killed_then_retried(tmp_path, url)
+    check_counted_once(session, frames)
+    # The report counts the dead attempt's record before any attempt took it up, then its entry.
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
+
+
+@pytest.mark.slow
+def test_on_postgres_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, postgres_server):
+    url = postgres_server.url()
+    session, frames, between = killed_then_retried(tmp_path, url)
+    check_counted_once(session, frames)
+    assert between == (11 + 110, 1)
+    assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
