@@ -157,7 +157,9 @@ class SessionOpener:
         self.max_sessions_per_principal = max_sessions_per_principal
         # Records a Session's own store (its TurnBuffer) passes through: an in-process store's.
         self.records: RecordStore | None = getattr(store, "records", None)
-        self.journal = RecordJournal(store)  # store/billing.py: what a killed attempt's calls used
+        # store/billing.py: what a killed attempt's calls used, for the next process to count; a
+        # store that dies with the process (memory://) keeps nothing for it: no record written.
+        self.journal = RecordJournal(store) if getattr(store, "outlives_process", True) else None
 
     async def ready(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         """Make slot.session the stored session's current state (reload if stale), or create it."""

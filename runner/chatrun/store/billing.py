@@ -1,4 +1,4 @@
-"""The durable record of a running attempt's model usage (docs/limits.md, "What counts").
+"""The durable record of a running attempt's model usage (docs/observability.md, "What a killed server's attempt used").
 
 A provider bills a model call as soon as it answers; a server killed before the turn commits
 would lose that usage (the turn's usage reaches the store only with its commit). So a server's

@@ -76,6 +76,9 @@ class LocalAsyncStore:
         self.blob_area = getattr(store, "blob_area", None)  # a store's own blob area (store/blobs.py blobs_of)
         self._encoded: EncodedStore | None = store if isinstance(store, EncodedStore) else None
         threaded = not isinstance(store, InMemoryStore)
+        # Whether what is written survives this process (kill -9): not an in-memory store's, so
+        # nothing is written only for a later process to read (store/billing.py's records).
+        self.outlives_process = threaded
         self._executor = StoreThread("chatrun-store") if threaded else None
         # A store without records (a user's own SessionStore) gets them in this process only.
         self.records: RecordStore | None = store if isinstance(store, RecordStore) else None
