@@ -7,6 +7,7 @@ time past the window's end."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from chatrun.errors import BotError
 from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionSettings
 from chatrun.store.aio import open_async_store, open_existing_store
-from chatrun.store.user_budget import acharge, aread, user_budget_key, window_start
+from chatrun.store.record import Charge, Commit
+from chatrun.store.user_budget import aread, user_budget_key, window_start
+from chatrun.store.versions import CREATE, StaleVersion
 from server_support import app_for_testclient, until_done, wait_until
 from store_params import STORES
 from store_params import store_url as store_url_of
@@ -157,23 +160,68 @@ def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
         assert len(fake.requests) == asked
 
 
-def test_two_charges_from_the_same_read_both_count(url):
-    """Two turns of one user that began from the same record (two replicas at once): the second
-    compare-and-set finds the first's write, reads again and adds to it; nothing is lost."""
-    async def charge_twice() -> dict | None:
+def test_a_charge_is_written_by_its_commit_and_only_by_a_commit_that_lands(url):
+    """A turn's Charge rides in its Commit: two sessions of one user both count (the store
+    adds each in the commit's atomic write), and a commit the store refuses (stale) counts
+    nothing, its turn not stored either."""
+    usage = {"input_tokens": 100, "output_tokens": 5, "cost": 0.5}
+    start = window_start(1796637600.0, 86400.0)
+
+    def commit(sid: str, expected: str) -> Commit:
+        made = Commit.encode(sid, {"id": sid}, {}, [{"turn": 1, "ok": True, "usage": usage}], expected)
+        made.charges.append(Charge("shop", "ana", start, usage))
+        return made
+
+    async def three_commits() -> dict | None:
         store = open_async_store(url)
         try:
-            seen = await aread(store, "shop", "ana")
-            start = window_start(1796637600.0, 86400.0)
-            for _ in range(2):
-                assert await acharge(store, "shop", "ana", start, {"input_tokens": 100, "output_tokens": 5,
-                                                                   "cost": 0.5}, seen)
+            await store.commit_turn(commit("c1", CREATE), None)
+            await store.commit_turn(commit("c2", CREATE), None)
+            with pytest.raises(StaleVersion):
+                await store.commit_turn(commit("c1", CREATE), None)  # c1 exists: refused
             return await aread(store, "shop", "ana")
         finally:
             await store.close()
 
-    assert asyncio.run(charge_twice()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
-                                           "tokens": 210, "cost": 1.0}
+    assert asyncio.run(three_commits()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
+                                            "tokens": 210, "cost": 1.0}
+
+
+class BothAsked:
+    """The fake model: holds each call until two have arrived (two turns are at their model
+    call at once), then answers both with BIG."""
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.both: asyncio.Event | None = None
+
+    async def __call__(self, body: dict) -> dict:
+        self.both = self.both or asyncio.Event()  # made in the fake's own loop
+        self.arrived += 1
+        if self.arrived == 2:
+            self.both.set()
+        await asyncio.wait_for(self.both.wait(), 60)
+        return BIG
+
+
+def test_two_turns_of_one_user_at_once_pass_the_budget_by_at_most_one_turn(fake, tmp_path):
+    """docs/observability.md, "Turns of one user at once": both turns began at 0 of 1000 and
+    each stayed within the budget as it saw it; together they passed it by what the other
+    one used (990), both counted; the next turn is refused before any model call."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    fake.responder = BothAsked()
+    with TestClient(_app(_bot(tmp_path), url, clock)) as client:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda sid: _say(client, sid, ANA), ["a1", "a2"]))
+        assert [_error(r) for r in replies] == [None, None]
+        asked = len(fake.requests)
+        refused = _error(_say(client, "a3", ANA))
+        assert refused == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+        assert len(fake.requests) == asked
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 1980  # 1000 + 980: over by less than one turn (990)
 
 
 def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
