@@ -7,6 +7,7 @@ time past the window's end."""
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -138,8 +139,9 @@ async def _record(url: str, key: str) -> dict | None:
 
 
 def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
-    """Spent over HTTP, then refused on the WebSocket (its Connect locale) and on /v1 (its
-    metadata.locale: a 500 `turn_failed` whose message is the text), before any model call."""
+    """Spent over HTTP, then refused on the WebSocket (its Connect locale), on /v1 (its
+    metadata.locale: a 500 `turn_failed` whose message is the text), on the chat page's
+    WebSocket and on AG-UI (its RUN_ERROR), before any model call."""
     clock = tmp_path / "clock"
     clock.write_text("2026-12-07T10:00:00+00:00")
     told = BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
@@ -157,7 +159,31 @@ def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
                                    "messages": [{"role": "user", "content": "hallo"}]})
         assert failed.status_code == 500, failed.text
         assert failed.json()["error"] == failed.json()["error"] | {"code": "turn_failed", "message": told}
+        assert _page_error(client) == told
+        assert _agui_error(client) == told
         assert len(fake.requests) == asked
+
+
+def _page_error(client: TestClient) -> str:
+    """The chat page's WebSocket as app.js opens it: the bot's path, the token in the query,
+    the browser's languages as the Connect's locale."""
+    with client.websocket_connect("/bots/shop/_chat/routes?token=token-ana-123") as ws:
+        ws.send_json({"type": "Connect", "chatId": "page-1", "extensions": True, "locale": "de-DE, de"})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "page-1", "data": {"userMessage": "hallo"}})
+        [error] = [f["data"] for f in until_done(ws) if f["type"] == "Error"]
+    return error
+
+
+def _agui_error(client: TestClient) -> str:
+    """An AG-UI run (its forwardedProps.locale): the RUN_ERROR's message."""
+    body = {"threadId": "agui-1", "runId": "r1", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {"locale": "de"}, "messages": [{"id": "u1", "role": "user", "content": "hallo"}]}
+    answer = client.post("/agui/shop", json=body, headers={**ANA, "Accept": "text/event-stream"})
+    assert answer.status_code == 200, answer.text
+    frames = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+    [error] = [f for f in frames if f["type"] == "RUN_ERROR"]
+    return error["message"]
 
 
 def test_a_charge_is_written_by_its_commit_and_only_by_a_commit_that_lands(url):
