@@ -260,6 +260,17 @@ def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
     assert [w for w in load_config(_bot(tmp_path, priced))[1] if w.path.startswith("limits")] == []
 
 
+def test_validate_warns_of_a_window_without_a_user_budget(tmp_path):
+    """`user_window` alone counts nothing: a warning on its line, naming the keys to add."""
+    alone = _bot(tmp_path, BOT.replace("max_user_tokens: 1000, user_window: 1d", "max_session_tokens: 5000, user_window: 1d"))
+    _, warnings = load_config(alone)
+    [warning] = [w for w in warnings if w.path.startswith("limits")]
+    assert (warning.file, warning.line, warning.severity) == (alone, 5, "warning")
+    assert "`limits.user_window`" in warning.message and "`max_user_tokens`" in warning.message
+    assert "`max_user_cost`" in warning.message
+    assert [w for w in load_config(_bot(tmp_path))[1] if w.path.startswith("limits")] == []  # with a budget: none
+
+
 def test_erasing_the_principal_deletes_what_they_spent(fake, tmp_path):
     """The record names the user: `DELETE /principals/ana` deletes it with the rest (and her count
     starts again at zero); bob's stays."""
