@@ -94,6 +94,25 @@ def test_two_sessions_of_one_user_share_the_budget_until_the_window_renews(fake,
     assert record is not None and record["tokens"] == 25 and record["window"] == 1796688000.0
 
 
+def test_a_failed_turn_is_committed_and_its_usage_counted(fake, tmp_path):
+    """A turn that failed after a model call (its tool crashed) is committed (ok false) and its
+    call's tokens are counted with it: the charge rides in that commit too."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    (tmp_path / "shop_tools.py").write_text("def crash(ctx):\n    raise RuntimeError('a bug in the handler')\n")
+    bot = _bot(tmp_path, BOT.replace("    system: You sell shoes.\n", "    system: You sell shoes.\n    tools: [crash]\n")
+               + "tools:\n  crash:\n    handler: shop_tools:crash\n    effect: read\n")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with TestClient(_app(bot, url, clock)) as client:
+        fake.queue({"tool_calls": [{"name": "crash", "arguments": {}}],
+                    "usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}})
+        assert _error(_say(client, "a1", ANA)) == BUILTIN["en"]["turn_failed"]
+        history = client.get("/bots/shop/sessions/a1", headers=ANA).json()["history"]
+        assert [(e["turn"], e["ok"]) for e in history] == [(1, False)]
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 37
+
+
 def test_two_replicas_sharing_a_store_count_one_budget(fake, tmp_path):
     """Two apps (replicas) on one SQLite file: what ana spent on one is refused on the other."""
     clock = tmp_path / "clock"
