@@ -232,6 +232,31 @@ def test_a_charge_is_written_by_its_commit_and_only_by_a_commit_that_lands(url):
                                             "tokens": 210, "cost": 1.0}
 
 
+def test_charges_of_sessions_committing_at_once_all_count(url):
+    """Twelve sessions of one user committing at once from two connections (two replicas): each
+    commit's read-modify-write of the user's record is atomic with it (SQLite's transaction,
+    Redis's fenced script, PostgreSQL's row lock): every turn's usage counts."""
+    usage = {"input_tokens": 10, "output_tokens": 1, "cost": 0.25}
+    start = window_start(1796637600.0, 86400.0)
+
+    def commit(sid: str) -> Commit:
+        made = Commit.encode(sid, {"id": sid}, {}, [{"turn": 1, "ok": True, "usage": usage}], CREATE)
+        made.charges.append(Charge("shop", "ana", start, usage))
+        return made
+
+    async def go() -> dict | None:
+        stores = [open_async_store(url), open_async_store(url)]
+        try:
+            await asyncio.gather(*[stores[i % 2].commit_turn(commit(f"s{i}"), None) for i in range(12)])
+            return await aread(stores[0], "shop", "ana")
+        finally:
+            for store in stores:
+                await store.close()
+
+    record = asyncio.run(go())
+    assert record is not None and (record["tokens"], record["cost"]) == (132, 3.0)
+
+
 class BothAsked:
     """The fake model: holds each call until two have arrived (two turns are at their model
     call at once), then answers both with BIG."""
