@@ -7,6 +7,8 @@ time past the window's end."""
 from __future__ import annotations
 
 import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,9 @@ from chatrun.errors import BotError
 from chatrun.server.auth import Auth
 from chatrun.server.sessions import SessionSettings
 from chatrun.store.aio import open_async_store, open_existing_store
-from chatrun.store.user_budget import acharge, aread, user_budget_key, window_start
+from chatrun.store.record import Charge, Commit
+from chatrun.store.user_budget import aread, user_budget_key, window_start
+from chatrun.store.versions import CREATE, StaleVersion
 from server_support import app_for_testclient, until_done, wait_until
 from store_params import STORES
 from store_params import store_url as store_url_of
@@ -90,6 +94,25 @@ def test_two_sessions_of_one_user_share_the_budget_until_the_window_renews(fake,
     assert record is not None and record["tokens"] == 25 and record["window"] == 1796688000.0
 
 
+def test_a_failed_turn_is_committed_and_its_usage_counted(fake, tmp_path):
+    """A turn that failed after a model call (its tool crashed) is committed (ok false) and its
+    call's tokens are counted with it: the charge rides in that commit too."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    (tmp_path / "shop_tools.py").write_text("def crash(ctx):\n    raise RuntimeError('a bug in the handler')\n")
+    bot = _bot(tmp_path, BOT.replace("    system: You sell shoes.\n", "    system: You sell shoes.\n    tools: [crash]\n")
+               + "tools:\n  crash:\n    handler: shop_tools:crash\n    effect: read\n")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with TestClient(_app(bot, url, clock)) as client:
+        fake.queue({"tool_calls": [{"name": "crash", "arguments": {}}],
+                    "usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}})
+        assert _error(_say(client, "a1", ANA)) == BUILTIN["en"]["turn_failed"]
+        history = client.get("/bots/shop/sessions/a1", headers=ANA).json()["history"]
+        assert [(e["turn"], e["ok"]) for e in history] == [(1, False)]
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 37
+
+
 def test_two_replicas_sharing_a_store_count_one_budget(fake, tmp_path):
     """Two apps (replicas) on one SQLite file: what ana spent on one is refused on the other."""
     clock = tmp_path / "clock"
@@ -135,8 +158,9 @@ async def _record(url: str, key: str) -> dict | None:
 
 
 def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
-    """Spent over HTTP, then refused on the WebSocket (its Connect locale) and on /v1 (its
-    metadata.locale: a 500 `turn_failed` whose message is the text), before any model call."""
+    """Spent over HTTP, then refused on the WebSocket (its Connect locale), on /v1 (its
+    metadata.locale: a 500 `turn_failed` whose message is the text), on the chat page's
+    WebSocket and on AG-UI (its RUN_ERROR), before any model call."""
     clock = tmp_path / "clock"
     clock.write_text("2026-12-07T10:00:00+00:00")
     told = BUILTIN["de"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
@@ -154,26 +178,120 @@ def test_every_door_refuses_a_spent_user_in_their_locale(fake, tmp_path):
                                    "messages": [{"role": "user", "content": "hallo"}]})
         assert failed.status_code == 500, failed.text
         assert failed.json()["error"] == failed.json()["error"] | {"code": "turn_failed", "message": told}
+        assert _page_error(client) == told
+        assert _agui_error(client) == told
         assert len(fake.requests) == asked
 
 
-def test_two_charges_from_the_same_read_both_count(url):
-    """Two turns of one user that began from the same record (two replicas at once): the second
-    compare-and-set finds the first's write, reads again and adds to it; nothing is lost."""
-    async def charge_twice() -> dict | None:
+def _page_error(client: TestClient) -> str:
+    """The chat page's WebSocket as app.js opens it: the bot's path, the token in the query,
+    the browser's languages as the Connect's locale."""
+    with client.websocket_connect("/bots/shop/_chat/routes?token=token-ana-123") as ws:
+        ws.send_json({"type": "Connect", "chatId": "page-1", "extensions": True, "locale": "de-DE, de"})
+        until_done(ws)
+        ws.send_json({"type": "ChatRouteMessage", "chatId": "page-1", "data": {"userMessage": "hallo"}})
+        [error] = [f["data"] for f in until_done(ws) if f["type"] == "Error"]
+    return error
+
+
+def _agui_error(client: TestClient) -> str:
+    """An AG-UI run (its forwardedProps.locale): the RUN_ERROR's message."""
+    body = {"threadId": "agui-1", "runId": "r1", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {"locale": "de"}, "messages": [{"id": "u1", "role": "user", "content": "hallo"}]}
+    answer = client.post("/agui/shop", json=body, headers={**ANA, "Accept": "text/event-stream"})
+    assert answer.status_code == 200, answer.text
+    frames = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+    [error] = [f for f in frames if f["type"] == "RUN_ERROR"]
+    return error["message"]
+
+
+def test_a_charge_is_written_by_its_commit_and_only_by_a_commit_that_lands(url):
+    """A turn's Charge rides in its Commit: two sessions of one user both count (the store
+    adds each in the commit's atomic write), and a commit the store refuses (stale) counts
+    nothing, its turn not stored either."""
+    usage = {"input_tokens": 100, "output_tokens": 5, "cost": 0.5}
+    start = window_start(1796637600.0, 86400.0)
+
+    def commit(sid: str, expected: str) -> Commit:
+        made = Commit.encode(sid, {"id": sid}, {}, [{"turn": 1, "ok": True, "usage": usage}], expected)
+        made.charges.append(Charge("shop", "ana", start, usage))
+        return made
+
+    async def three_commits() -> dict | None:
         store = open_async_store(url)
         try:
-            seen = await aread(store, "shop", "ana")
-            start = window_start(1796637600.0, 86400.0)
-            for _ in range(2):
-                assert await acharge(store, "shop", "ana", start, {"input_tokens": 100, "output_tokens": 5,
-                                                                   "cost": 0.5}, seen)
+            await store.commit_turn(commit("c1", CREATE), None)
+            await store.commit_turn(commit("c2", CREATE), None)
+            with pytest.raises(StaleVersion):
+                await store.commit_turn(commit("c1", CREATE), None)  # c1 exists: refused
             return await aread(store, "shop", "ana")
         finally:
             await store.close()
 
-    assert asyncio.run(charge_twice()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
-                                           "tokens": 210, "cost": 1.0}
+    assert asyncio.run(three_commits()) == {"bot": "shop", "principal": "ana", "window": 1796601600.0,
+                                            "tokens": 210, "cost": 1.0}
+
+
+def test_charges_of_sessions_committing_at_once_all_count(url):
+    """Twelve sessions of one user committing at once from two connections (two replicas): each
+    commit's read-modify-write of the user's record is atomic with it (SQLite's transaction,
+    Redis's fenced script, PostgreSQL's row lock): every turn's usage counts."""
+    usage = {"input_tokens": 10, "output_tokens": 1, "cost": 0.25}
+    start = window_start(1796637600.0, 86400.0)
+
+    def commit(sid: str) -> Commit:
+        made = Commit.encode(sid, {"id": sid}, {}, [{"turn": 1, "ok": True, "usage": usage}], CREATE)
+        made.charges.append(Charge("shop", "ana", start, usage))
+        return made
+
+    async def go() -> dict | None:
+        stores = [open_async_store(url), open_async_store(url)]
+        try:
+            await asyncio.gather(*[stores[i % 2].commit_turn(commit(f"s{i}"), None) for i in range(12)])
+            return await aread(stores[0], "shop", "ana")
+        finally:
+            for store in stores:
+                await store.close()
+
+    record = asyncio.run(go())
+    assert record is not None and (record["tokens"], record["cost"]) == (132, 3.0)
+
+
+class BothAsked:
+    """The fake model: holds each call until two have arrived (two turns are at their model
+    call at once), then answers both with BIG."""
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.both: asyncio.Event | None = None
+
+    async def __call__(self, body: dict) -> dict:
+        self.both = self.both or asyncio.Event()  # made in the fake's own loop
+        self.arrived += 1
+        if self.arrived == 2:
+            self.both.set()
+        await asyncio.wait_for(self.both.wait(), 60)
+        return BIG
+
+
+def test_two_turns_of_one_user_at_once_pass_the_budget_by_at_most_one_turn(fake, tmp_path):
+    """docs/observability.md, "Turns of one user at once": both turns began at 0 of 1000 and
+    each stayed within the budget as it saw it; together they passed it by what the other
+    one used (990), both counted; the next turn is refused before any model call."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    fake.responder = BothAsked()
+    with TestClient(_app(_bot(tmp_path), url, clock)) as client:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda sid: _say(client, sid, ANA), ["a1", "a2"]))
+        assert [_error(r) for r in replies] == [None, None]
+        asked = len(fake.requests)
+        refused = _error(_say(client, "a3", ANA))
+        assert refused == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+        assert len(fake.requests) == asked
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert record is not None and record["tokens"] == 1980  # 1000 + 980: over by less than one turn (990)
 
 
 def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
@@ -184,6 +302,17 @@ def test_validate_warns_of_a_cost_budget_without_prices(tmp_path):
         (4, "`limits.max_user_cost` counts the cost `prices:` gives each model")]
     priced = BOT.replace("max_user_tokens: 1000", "max_user_cost: 0.5")
     assert [w for w in load_config(_bot(tmp_path, priced))[1] if w.path.startswith("limits")] == []
+
+
+def test_validate_warns_of_a_window_without_a_user_budget(tmp_path):
+    """`user_window` alone counts nothing: a warning on its line, naming the keys to add."""
+    alone = _bot(tmp_path, BOT.replace("max_user_tokens: 1000, user_window: 1d", "max_session_tokens: 5000, user_window: 1d"))
+    _, warnings = load_config(alone)
+    [warning] = [w for w in warnings if w.path.startswith("limits")]
+    assert (warning.file, warning.line, warning.severity) == (alone, 5, "warning")
+    assert "`limits.user_window`" in warning.message and "`max_user_tokens`" in warning.message
+    assert "`max_user_cost`" in warning.message
+    assert [w for w in load_config(_bot(tmp_path))[1] if w.path.startswith("limits")] == []  # with a budget: none
 
 
 def test_erasing_the_principal_deletes_what_they_spent(fake, tmp_path):

@@ -221,12 +221,18 @@ class _Checker:
 
     def user_budget(self) -> None:
         """`limits.max_user_cost` counts money from `prices:`: without any price no call costs
-        anything, and the budget never ends a turn."""
+        anything, and the budget never ends a turn. `user_window` without either budget counts nothing."""
         if self.config.limits.max_user_cost is not None and not self.config.prices:
             self.add("warning", "`limits.max_user_cost` counts the cost `prices:` gives each model, and the bot "
                      "gives none, so it never ends a turn: add the price of the bot's models under `prices:` "
                      "(docs/observability.md, \"Budgets\"), or bound tokens with `max_user_tokens`",
                      "limits", "max_user_cost")
+        given = self.src.main.data.get("limits") if isinstance(self.src.main.data, dict) else None
+        if isinstance(given, dict) and "user_window" in given and not self.config.limits.has_user_budget:
+            self.add("warning", "`limits.user_window` is the window of a budget per user, and the bot sets none, so "
+                     "nothing is counted: add `max_user_tokens` or `max_user_cost` under `limits:` "
+                     "(docs/observability.md, \"A budget per user\"), or remove `user_window`",
+                     "limits", "user_window")
 
     def model_fallbacks(self) -> None:
         """`model.fallback:` (the bot's and each route's own): an empty list at the top does nothing,

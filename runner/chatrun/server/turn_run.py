@@ -28,7 +28,7 @@ from chatrun.server.session_writes import SessionWrites
 from chatrun.server.turnlog import CONFLICT, ERROR, REFUSED, TurnReport
 from chatrun.store.aio import AsyncStore
 from chatrun.store.buffer import TurnBuffer
-from chatrun.store.record import Commit, JSONObject
+from chatrun.store.record import Commit
 
 if TYPE_CHECKING:
     from chatrun.engine.session import Session
@@ -80,7 +80,6 @@ class TurnRun:
         self._recorded: dict[str, Any] | None = None
         self._looked_up = request_id is None
         self._written: Commit | None = None  # the commit written when the turn ended
-        self._budget_seen: JSONObject | None = None  # the user's budget record read before the turn
 
     def reopened(self) -> list[Event]:
         """The user's Pending events a stopped turn announced again (engine/session.py,
@@ -176,7 +175,7 @@ class TurnRun:
     async def _run(self, hold: Hold, report: TurnReport) -> AsyncIterator[Event]:
         session, buffer, number = self._begin(hold)
         if session.bot.config.limits.has_user_budget:  # one read of the store, only on such bots
-            self._budget_seen = await user_budgets.read_spent(self._store, session)
+            await user_budgets.read_spent(self._store, session)
         try:
             with report.observing():
                 async for event in session.stream(self._message):
@@ -193,7 +192,7 @@ class TurnRun:
         """`_run` of a whole turn (Session.achat), as a coroutine: its events once it has ended."""
         session, buffer, number = self._begin(hold)
         if session.bot.config.limits.has_user_budget:
-            self._budget_seen = await user_budgets.read_spent(self._store, session)
+            await user_budgets.read_spent(self._store, session)
         try:
             with report.observing():
                 events = await session.achat(self._message)
@@ -233,7 +232,7 @@ class TurnRun:
         report.ran()
         self.turn, self.entry = self._session.turn_count, self._session.last_turn or {}
         if self._session.user_spent is not None:  # its model calls count for its user, failed or not
-            await user_budgets.charge(self._store, self._session, self.entry, self._budget_seen)
+            user_budgets.charge(hold.slot.buffer, self._session, self.entry)
         self._written = await self._writes.commit(hold.slot, self._session.id, hold.lease)
 
     async def _keep_stopped(self, session: Session, hold: Hold, number: int) -> None:
@@ -248,7 +247,7 @@ class TurnRun:
             return
         self.turn, self.entry = number, entry
         if session.user_spent is not None:
-            await user_budgets.charge(self._store, session, entry, self._budget_seen)
+            user_budgets.charge(hold.slot.buffer, session, entry)
         try:
             await self._writes.commit(hold.slot, session.id, hold.lease)
         except Exception as exc:  # a conflict, a store down: the live copy was dropped, the store is the truth

@@ -31,7 +31,7 @@ from chatrun.store import (
     RecordSwaps,
     RetentionIndex,
     SessionStore,
-    user_memory,
+    user_records,
 )
 from chatrun.store.lease import Lease
 from chatrun.store.memory import InMemoryStore, Records
@@ -148,16 +148,16 @@ class LocalAsyncStore:
             commit.session_id, from_json(commit.snapshot_json), commit.memories,
             [from_json(e) for e in commit.history_json], commit.expected, outcome,
         )
-        if commit.remembered:  # a user's own store cannot write them in its commit: right after it
+        if commit.remembered or commit.charges:  # a user's own store cannot write them in its commit: right after it
             self._remember_after(commit)
         return version
 
     def _remember_after(self, commit: Commit) -> None:
         now = time.time()
         if self.records is not None:
-            user_memory.save_committed(self.records, commit.remembered, now)
+            user_records.write_through(self.records, commit.user_writes(), now)
             return
-        self._process_records.remember(commit.remembered, now)  # a store without records: this process's
+        self._process_records.remember(commit.user_writes(), now)  # a store without records: this process's
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
         """The stored history; [] from a store that keeps none (not a HistoryStore)."""

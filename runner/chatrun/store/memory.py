@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable, Collection
 
 from chatrun.messages import Message
-from chatrun.store import user_memory
+from chatrun.store import user_records
 from chatrun.store.record import (
     DEAD,
     PENDING,
     TALLY_OWNER,
+    Charge,
     Commit,
     JSONObject,
     OutboxEntry,
@@ -84,11 +85,12 @@ class Records:
         if session is not None:
             self._keys_of[session].discard(key)
 
-    def remember(self, remembered: Collection[Remembered], now: float) -> None:
-        """Write what committed turns remembered of their users (user_memory.written's rule)."""
-        for item in remembered:
-            key = user_memory.remembered_key(item)
-            record = user_memory.written(self.get(key), item, now)
+    def remember(self, writes: Collection[Remembered | Charge], now: float) -> None:
+        """Write what committed turns remembered of their users and used of their budgets
+        (user_records.written's rule)."""
+        for item in writes:
+            key = user_records.key_of(item)
+            record = user_records.written(self.get(key), item, now)
             if record is None:
                 self.delete(key)
             else:
@@ -296,8 +298,8 @@ class InMemoryStore:
         return version
 
     def _remember(self, commit: Commit) -> None:
-        """What the commit's turns remembered of their user, under the commit's lock."""
-        self._records.remember(commit.remembered, self.clock())
+        """What the commit's turns remembered of their user and used of their budget, under the commit's lock."""
+        self._records.remember(commit.user_writes(), self.clock())
 
     def load_history(self, session_id: str) -> list[JSONObject]:
         with self._lock:

@@ -37,7 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Attachment, message_from_dict
-from chatrun.store import user_memory
+from chatrun.store import user_records
 from chatrun.store.blobs import (
     BLOB_PARAMETERS,
     DEFAULT_MAX_FOLDER_BLOB_BYTES,
@@ -590,14 +590,15 @@ async def _lock_session(conn: Any, session_id: str) -> None:
 
 
 async def _remember(conn: Any, commit: Commit, now: float) -> None:
-    """What the commit's turns remembered of their user, in the commit's transaction. The record
-    is the user's, not the session's: two sessions of one user commit at once, so it is locked
-    (an advisory lock for a record not there yet, FOR UPDATE for the row an erasure deletes)."""
-    for remembered in commit.remembered:
-        key = user_memory.remembered_key(remembered)
+    """What the commit's turns remembered of their user and used of their budget, in the
+    commit's transaction. The record is the user's, not the session's: two sessions of one user
+    commit at once, so it is locked (an advisory lock for a record not there yet, FOR UPDATE for
+    the row an erasure deletes; always in the same order: memory, then budget)."""
+    for item in commit.user_writes():
+        key = user_records.key_of(item)
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('record:' || %s, 0))", (key,))
         row = await (await conn.execute("SELECT record FROM records WHERE key = %s FOR UPDATE", (key,))).fetchone()
-        record = user_memory.written(None if row is None else from_json(row[0]), remembered, now)
+        record = user_records.written(None if row is None else from_json(row[0]), item, now)
         if record is None:
             await conn.execute("DELETE FROM records WHERE key = %s", (key,))
         else:

@@ -22,6 +22,7 @@ import functools
 import json
 import operator
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
@@ -777,6 +778,9 @@ class Commit:
     # What its turns remembered of their user (`remember:`, the summary): written by the store in
     # this commit's own atomic write (store/user_memory.py), never after it.
     remembered: list[Remembered] = field(default_factory=list)
+    # What its turns used, added to their user's budget window (`limits.max_user_*`): written in
+    # this commit's own atomic write like `remembered` (store/user_budget.py). The server adds it.
+    charges: list[Charge] = field(default_factory=list)
     # Where the engine's snapshot ends in snapshot_json when the committed turn was appended to
     # it (encode's `committed`): `engine_snapshot_json()`. -1: not known.
     engine_end: int = field(default=-1, repr=False)
@@ -784,6 +788,10 @@ class Commit:
     # not counted yet (--max-sessions-per-principal; 0: no limit). The store checks the owner's
     # tally and counts the session in one atomic step with its write (`check_quota`).
     quota: int = 0
+
+    def user_writes(self) -> Sequence[Remembered | Charge]:
+        """The user records this commit changes in its own atomic write (store/user_records.py)."""
+        return [*self.remembered, *self.charges] if self.charges else self.remembered
 
     @property
     def quota_owner(self) -> str | None:
@@ -874,6 +882,7 @@ class Commit:
         self.history_json.extend(later.history_json)
         self.outbox.extend(later.outbox)
         self.remembered.extend(later.remembered)
+        self.charges.extend(later.charges)
         if later.turn is not None:
             self.turn, self.outcome = later.turn, later.outcome
         elif later.outcome is not None:  # a request answered without a turn (a notice)
@@ -978,6 +987,18 @@ class Remembered:
 
     def to_dict(self) -> JSONObject:
         return {"bot": self.bot, "principal": self.principal, "facts": self.facts, "keep": self.keep}
+
+
+@dataclass
+class Charge:
+    """What one turn used (its entry's `usage`: input/output tokens, cost), added to what
+    `principal` spent of `bot`'s user budget in the window that began at `window` (epoch s).
+    Committed with the turn, in the same atomic write as `Remembered` (store/user_budget.py)."""
+
+    bot: str
+    principal: str
+    window: float
+    usage: JSONObject
 
 
 def remembered_of(session_id: str, history: list[JSONObject]) -> list[Remembered]:

@@ -67,7 +67,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
-from chatrun.store import user_memory
+from chatrun.store import user_records
 from chatrun.store.blobs import BLOB_PARAMETERS
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.record import (
@@ -214,7 +214,7 @@ return 1
 #       and last the quota ('0' none; Commit.quota): a new session is refused ('quota', the count)
 #       when its owner's set (KEYS[7], what count_owned counts) has that many, checked with the write
 # (KEYS[9] is the outbox's set of routes: each entry goes to its route's queue, see _CLAIM)
-# The user's memory (store/user_memory.py) is a compare-and-set: each record is written only if
+# The user's records (memory, budget: store/user_records.py) are a compare-and-set: each is written only if
 # it is still the text the caller read; if one changed ('memory'), nothing is written and the
 # caller reads again and sends the commit again.
 _COMMIT = _FLAT_LUA + """
@@ -635,7 +635,7 @@ class RedisStore:
             if status != "memory":
                 break
         else:
-            raise ChatrunError(f"store {self.url}: session {session_id}: the user's memory {detail} kept changing "
+            raise ChatrunError(f"store {self.url}: session {session_id}: the user's record {detail} kept changing "
                                f"while the turn was saved ({REMEMBER_ATTEMPTS} tries); the turn was not saved")
         if status == "lease":
             raise LeaseLost(session_id)
@@ -646,15 +646,16 @@ class RedisStore:
         return str(detail)
 
     async def _remembered_args(self, commit: Commit, now: float) -> list[str | int | float]:
-        """The user-memory part of _COMMIT's arguments: each record the commit's turns change,
-        read now, with the text it must still hold and the one it gets (store/user_memory.py)."""
+        """The user-record part of _COMMIT's arguments: each record the commit's turns change
+        (memory, budget), read now, with the text it must still hold and the one it gets
+        (store/user_records.py)."""
         read: dict[str, str] = {}  # record key -> its text as read
         after: dict[str, str] = {}  # record key -> its text once every write of the commit is applied
-        for remembered in commit.remembered:
-            key = user_memory.remembered_key(remembered)
+        for item in commit.user_writes():
+            key = user_records.key_of(item)
             if key not in read:
                 read[key] = after[key] = await self.client.get(f"{self.prefix}rec:{key}") or ""
-            record = user_memory.written(from_json(after[key]) if after[key] else None, remembered, now)
+            record = user_records.written(from_json(after[key]) if after[key] else None, item, now)
             after[key] = "" if record is None else to_json(f"record {key}", record)
         out: list[str | int | float] = [len(read)]
         for key, text in read.items():

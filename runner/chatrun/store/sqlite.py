@@ -30,7 +30,7 @@ from typing import Any
 
 from chatrun.errors import ChatrunError
 from chatrun.messages import Message, message_from_dict
-from chatrun.store import user_memory
+from chatrun.store import user_records
 from chatrun.store.record import (
     DEAD,
     EMPTY_MEMORY_SIZE,
@@ -398,12 +398,13 @@ class SQLiteStore:
         return version
 
     def _remember(self, conn: sqlite3.Connection, commit: Commit) -> None:
-        """What the commit's turns remembered of their user, in the commit's transaction."""
+        """What the commit's turns remembered of their user and used of their budget, in the
+        commit's transaction."""
         now = self.clock()
-        for remembered in commit.remembered:
-            key = user_memory.remembered_key(remembered)
+        for item in commit.user_writes():
+            key = user_records.key_of(item)
             row = conn.execute("SELECT record FROM records WHERE key = ?", (key,)).fetchone()
-            record = user_memory.written(None if row is None else from_json(row[0]), remembered, now)
+            record = user_records.written(None if row is None else from_json(row[0]), item, now)
             if record is None:
                 conn.execute("DELETE FROM records WHERE key = ?", (key,))
             else:

@@ -8,29 +8,30 @@ Redis, PostgreSQL alike), under `user-budget/<bot>/<user>`:
 
 `window` is when the counted window began (a multiple of the bot's `user_window` in seconds
 since the epoch: `1d` windows begin at midnight UTC); a record of an earlier window counts as
-nothing. The server reads it once before a turn of a bot that sets the keys and adds the turn's
-usage once after it (committed, failed or stopped: its model calls were made), by a
-compare-and-set against the record it read (`claim_record` / `swap_record`, atomic across
-replicas sharing the store; read again only when another turn's charge landed in between): two
-turns of the same user on two replicas both count. Bots without the keys read and write nothing.
+nothing. The server reads it once before a turn of a bot that sets the keys; the turn's usage
+(committed, failed or stopped: its model calls were made) is added *in the turn's own commit*:
+the server puts a `record.Charge` in the `Commit`, and every store adds it to the record in the
+commit's atomic write, as it writes what the turn remembered (store/user_records.py; the SQLite
+and in-memory stores in the transaction or lock, Redis in the fenced Lua script against the
+record it read, PostgreSQL under a row lock). So the record counts exactly the usage of the
+turns the store holds: a replica killed before the commit counts neither the turn nor its
+usage, one killed after it both; two turns of the same user on two replicas both count. Bots
+without the keys read and write nothing.
 It belongs to no session: deleting or ending a session leaves it. This module is the one place
 that spells the key and the record.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from chatrun.store.record import JSONObject
 
 if TYPE_CHECKING:
     from chatrun.store.aio import AsyncStore
 
-log = logging.getLogger("chatrun.store")
 PREFIX = "user-budget/"
-ATTEMPTS = 50  # compare-and-set rounds before a charge gives up (each lost round: another turn of the user landed)
 
 
 def user_budget_key(bot: str, principal: str) -> str:
@@ -64,24 +65,6 @@ def charged(record: JSONObject | None, bot: str, principal: str, start: float, u
 async def aread(store: AsyncStore, bot: str, principal: str) -> JSONObject | None:
     """The record of what `principal` has spent of `bot`'s budget (None: nothing yet)."""
     return await store.get_record(user_budget_key(bot, principal))
-
-
-async def acharge(store: AsyncStore, bot: str, principal: str, start: float, usage: JSONObject,
-                  seen: JSONObject | None) -> bool:
-    """Add a turn's `usage` to what `principal` has spent in the window beginning at `start`:
-    a compare-and-set against `seen` (the record read before the turn: one read and one write
-    a turn when no other turn of the user landed meanwhile), tried again from a fresh read when
-    another turn's charge landed first. False (logged) when it could not land in ATTEMPTS rounds."""
-    key = user_budget_key(bot, principal)
-    record = seen
-    for _ in range(ATTEMPTS):
-        new: Any = charged(record, bot, principal, start, usage)
-        if await (store.claim_record(key, new) if record is None else store.swap_record(key, record, new)):
-            return True
-        record = await store.get_record(key)
-    log.warning("the usage of a turn of %s on bot %s was not added to %s: %d other charges landed first",
-                principal, bot, key, ATTEMPTS)
-    return False
 
 
 async def aerase_everywhere(store: AsyncStore, principal: str, dry_run: bool = False) -> int:

@@ -110,14 +110,6 @@ def save(records: RecordStore, bot: str, principal: str, changes: Mapping[str, A
         records.put_record(key, record)
 
 
-def save_committed(records: RecordStore, remembered: list[Remembered], now: float) -> None:
-    """A commit's user-memory writes, through a RecordStore's own methods: for a store that
-    commits in a transaction or lock of its own, call it inside that; for a user's store (which
-    does not know them), right after its commit."""
-    for r in remembered:
-        save(records, r.bot, r.principal, r.facts, r.keep, now)
-
-
 def seed(records: RecordStore, bot: str, principal: str, facts: Mapping[str, Any]) -> None:
     """Facts kept of `principal` as if an earlier conversation had remembered them now (a
     transcript's `user_memory:`)."""
