@@ -375,3 +375,34 @@ def test_a_channel_user_who_ends_and_writes_again_keeps_the_budget(tmp_path, fak
     assert told == ["Here are our shoes.", "Goodbye.",
                     BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")]
     assert len(fake.requests) == 2
+
+
+def test_a_killed_attempts_calls_count_for_its_user_with_the_turn_that_counts_them(fake, tmp_path):
+    """A server killed after a model call answered leaves the call's usage in the session's record
+    (store/billing.py; tests/test_billing_killed.py kills real servers): the next turn's commit
+    counts it in the session and charges it to the user too, once, not only the turn's own calls."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    bot = _bot(tmp_path)
+    with TestClient(_app(bot, url, clock)) as client:
+        assert client.post("/bots/shop/sessions", json={"id": "a1"}, headers=ANA).status_code == 201
+
+    async def a_dead_attempt() -> None:  # as a killed server's model call left it
+        store = await open_existing_store(url)
+        try:
+            await store.put_record("usage:a1", {"attempt": "dead0001", "turn": 1, "at": 1796637600.0, "usage": {
+                "input_tokens": 100, "output_tokens": 10, "calls": 1, "cost": 0.00011}}, "a1")
+        finally:
+            await store.close()
+
+    asyncio.run(a_dead_attempt())
+    with TestClient(_app(bot, url, clock)) as client:
+        fake.queue(SMALL)
+        assert _error(_say(client, "a1", ANA)) is None
+        fake.queue(SMALL)
+        assert _error(_say(client, "a1", ANA)) is None  # the next turn counts nothing again
+        usage = client.get("/bots/shop/sessions/a1", headers=ANA).json()["usage"]
+    record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
+    assert usage["input_tokens"] + usage["output_tokens"] == 110 + 25 + 25
+    assert record is not None and record["tokens"] == 110 + 25 + 25

@@ -96,7 +96,7 @@ class Session:
     # No __dict__: a server keeps one per cached session (issue 26).
     __slots__ = ("bot", "store", "blobs", "_own_models", "_model", "_handlers", "_default_handlers", "_sink",
                  "_running", "_closed", "_loop", "_last_entry", "tool_mocks", "_moved", "_c", "may_summarize",
-                 "__weakref__")
+                 "_unfinished_counted", "__weakref__")
 
     def __init__(
         self,
@@ -128,6 +128,9 @@ class Session:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_entry: dict[str, Any] | None = None
+        # The failed entries of earlier attempts that never committed (store/billing.py) which the
+        # last turn's commit counted: their usage is the turn's to charge too (server/user_budgets.py).
+        self._unfinished_counted: list[dict[str, Any]] = []
         self.tool_mocks: ToolMocks | None = None  # stand-ins for tools (golden transcripts set them)
         # Whether the summary at the conversation's end (`user_memory.summary:`) may call the model now:
         # a replayed transcript says so only when its turn scripts an answer for it (transcripts/run.py).
@@ -516,6 +519,12 @@ class Session:
         return self.store.load_history(self.id)
 
     @property
+    def unfinished_counted(self) -> list[dict[str, Any]]:
+        """The earlier attempts that never committed (a killed server's: store/billing.py) whose
+        usage the last turn's commit counted, as the failed entries it recorded; [] for most turns."""
+        return self._unfinished_counted
+
+    @property
     def last_turn(self) -> dict[str, Any] | None:
         """The last turn tried, failed or not (the history's last entry with `turn`: a rating or
         a notice after it is not a turn), without reading the whole history back when this
@@ -797,6 +806,7 @@ class Session:
             self._begin_move(self.bot, None)
         # After a move, the turn starts from before it: it commits the move, or rolls it back.
         before = self._moved[0] if self._moved is not None else self._c.capture()
+        self._unfinished_counted = []
         self._c.turn_instant = self._c.clock.now()  # one turn, one `now`: its decisions agree on the day
         turn = Turn(self._c, self.bot.tools, self._model, self._emit, text, data, self.tool_mocks, decision,
                     attachments, self.blobs)
@@ -1010,7 +1020,8 @@ class Session:
             return []
         self._c.usage.add(attempt.earlier())
         self._c.billed = attempt.billed(self._c.billed)
-        return [failed_entry(a) for a in attempt.unfinished]
+        self._unfinished_counted = [failed_entry(a) for a in attempt.unfinished]
+        return self._unfinished_counted
 
     @contextmanager
     def _as_stored(self) -> Iterator[Callable[[], dict[str, Any]]]:

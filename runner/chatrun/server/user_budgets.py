@@ -34,12 +34,16 @@ async def read_spent(store: AsyncStore, session: Session) -> None:
 
 
 def charge(buffer: TurnBuffer | None, session: Session, entry: dict[str, Any]) -> None:
-    """Put the turn's usage (its history entry's) in the commit the buffer holds for it, as a
+    """Put the turn's usage (its history entry's, and the earlier attempts' its commit counts: a
+    killed server's, store/billing.py) in the commit the buffer holds for it, as a
     `Charge` on its user's current window: the store adds it in that commit's atomic write
     (store/user_records.py), so it counts exactly when the turn is stored. Nothing to commit:
     nothing counts."""
-    spent, usage = session.user_spent, entry.get("usage")
-    if spent is None or not isinstance(usage, dict) or buffer is None or buffer.pending is None:
+    spent = session.user_spent
+    if spent is None or buffer is None or buffer.pending is None:
         return
     start = user_budget.window_start(session.clock.now().timestamp(), session.bot.config.limits.user_window)
-    buffer.pending.charges.append(Charge(session.bot.name, spent.who, start, usage))
+    for counted in (entry, *session.unfinished_counted):  # a killed attempt's calls, counted by this commit
+        usage = counted.get("usage")
+        if isinstance(usage, dict):
+            buffer.pending.charges.append(Charge(session.bot.name, spent.who, start, usage))
