@@ -338,17 +338,17 @@
   function savePrefs() {
     localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
     $("notify").setAttribute("aria-pressed", String(Boolean(prefs.notify)));
-    $("notify").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
+    $("notify-word").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
     $("sound").checked = Boolean(prefs.sound);
   }
 
   $("notify").addEventListener("click", async () => {
     if (prefs.notify) { prefs.notify = false; return savePrefs(); }
-    if (!window.Notification) { $("notify").textContent = tx("op_notify_none"); return; }
+    if (!window.Notification) { $("notify-word").textContent = tx("op_notify_none"); return; }
     const answer = Notification.permission === "granted" ? "granted" : await Notification.requestPermission();
     prefs.notify = answer === "granted";
     savePrefs();
-    if (answer === "denied") $("notify").textContent = tx("op_notify_blocked");
+    if (answer === "denied") $("notify-word").textContent = tx("op_notify_blocked");
   });
   $("sound").addEventListener("change", () => { prefs.sound = $("sound").checked; savePrefs(); if (prefs.sound) chime(); });
 
