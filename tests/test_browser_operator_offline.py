@@ -99,9 +99,16 @@ def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, t
     assert errors == []
 
 
-def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_back(fake, tmp_path):
+GONE = {"en-US": ("This conversation no longer exists.", "‹ List"),
+        "de-DE": ("Dieses Gespräch gibt es nicht mehr.", "‹ Liste")}
+
+
+@pytest.mark.parametrize("locale", list(GONE))
+def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_back(fake, tmp_path, locale):
     """A refusal (the conversation was deleted: 404) still takes the conversation's place, now with
-    its *‹ List* button: on a phone the list is not beside it, and there was no way back but a reload."""
+    its *‹ List* button: on a phone the list is not beside it, and there was no way back but a reload.
+    It says so in the page's own words, in the operator's language (`op_gone`), not the server's
+    message to developers ("...start it first (a WebSocket Connect, or POST ...)")."""
     fake.responder = responder
     (tmp_path / "auth.yaml").write_text(AUTH)
     replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url,
@@ -109,14 +116,17 @@ def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_bac
     errors: list[str] = []
     with replica.served(), chromium() as browser:
         session = waiting_customer(replica.url, "ana", "human please, my order is late")
-        page = open_page(browser, replica.url, "/operator", "sam", 390, errors)
+        page = open_page(browser, replica.url, "/operator", "sam", 390, errors, locale=locale)
         page.locator(".op-session").first.click()
         page.wait_for_selector("#take-over", timeout=30_000)
         request = urllib.request.Request(f"{replica.url}/bots/shop/sessions/{session}", method="DELETE",
                                          headers={"Authorization": f"Bearer {TOKENS['ana']}"})
         urllib.request.urlopen(request, timeout=60).close()
         page.locator("#detail .notice.error").wait_for(timeout=30_000)
-        shot(page, "operator-deleted-conversation-390")
+        shot(page, f"operator-deleted-conversation-390-{locale}")
+        gone, back = GONE[locale]
+        assert page.inner_text("#detail .notice.error") == gone
+        assert page.inner_text("#detail .op-back") == back
         on_screen(page, "#detail .op-back")
         page.click("#detail .op-back")
         page.locator("#sessions").wait_for()

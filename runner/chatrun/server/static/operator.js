@@ -390,14 +390,16 @@
       if (current === open) showTyping(await call(sessionPath(current.bot, current.id) + "/typing").catch(() => null));
     } catch (err) {
       if (err.offline) setStatus("offline", tx("unreachable")); // the server is away: keep what is shown
-      else if (current === open) { current.mark = null; renderProblem(err.message); } // redrawn once it answers again
+      else if (current === open) { current.mark = null; renderProblem(err); } // redrawn once it answers again
     }
     if (current === open) sessionTimer = setTimeout(refreshSession, 1500);
   }
 
   /** The server's refusal in place of the conversation, with the way back to the list (a phone
-   * shows no list beside it). */
-  function renderProblem(text) {
+   * shows no list beside it). A conversation that is gone (deleted: 404) says so in the page's own
+   * words, in the operator's language; the server's message is for developers. */
+  function renderProblem(err) {
+    const text = err.status === 404 ? tx("op_gone") : err.message;
     const box = $("detail");
     box.textContent = "";
     box.removeAttribute("data-session");
