@@ -4,7 +4,10 @@ conversation say the page is offline in the top bar, on screen, in its live regi
 status), said once, not again at every poll (it was rewritten every 3 s, read out again each
 time); an open conversation stays shown, with its way back to the list (it was replaced by
 "Failed to fetch", with no way back on a phone, and stayed so once the server was back); and
-the page comes back by itself once the server is back: the conversation can be taken over.
+the page comes back by itself once the server is back: the conversation can be taken over. The
+top bar keeps its height whatever the status says, at 320, 390 (its unread count shown) and 1280 px
+(the words "server unreachable" wrapped it onto a second row, the page jumping ~58 px down): on a
+phone Notify me and Sound show as icons, named by their words for a screen reader.
 Chromium against a real `chatrun serve` (SQLite, an --auth file) killed (SIGKILL) and started
 again on the same port, the fake OpenAI server as its model. CHATRUN_SCREENSHOTS=DIR keeps the
 screenshots."""
@@ -32,6 +35,18 @@ COUNT_WRITES = """() => { window.statusWrites = 0;
     .observe(document.getElementById('status'), {childList: true, characterData: true, subtree: true}); }"""
 
 
+def bar_height(page: Any) -> float:
+    return page.locator(".op-topbar").bounding_box()["height"]
+
+
+def controls_reachable(page: Any) -> None:
+    """The top bar's controls on screen, named for a screen reader (icons only on a phone)."""
+    for selector in ("#notify", ".op-sound", "#status", "#count"):
+        on_screen(page, selector)
+    assert page.get_by_role("button", name="Notify me").count() == 1
+    assert page.get_by_role("checkbox", name="Sound").count() == 1
+
+
 def polls_fail(page: Any, times: int) -> None:
     """Wait until the page's poll of the inbox (GET /pending, every 3 s) failed `times` more times."""
     for _ in range(times):
@@ -39,7 +54,7 @@ def polls_fail(page: Any, times: int) -> None:
             pass
 
 
-@pytest.mark.parametrize("width", [390, 320])
+@pytest.mark.parametrize("width", [1280, 390, 320])
 @pytest.mark.parametrize("opened", [False, True], ids=["list", "conversation"])
 def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, tmp_path, width, opened):
     fake.responder = responder
@@ -56,11 +71,14 @@ def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, t
             page.locator(".op-session").first.click()
             page.wait_for_selector("#take-over", timeout=30_000)
         shot(page, name + "-online")
+        live = bar_height(page)
+        controls_reachable(page)
         replica.signal(signal.SIGKILL)
         replica.proc.wait(timeout=30)
         page.wait_for_function(STATE.format("offline"), timeout=60_000)
         shot(page, name + "-offline")
-        on_screen(page, "#status")
+        assert bar_height(page) == live  # the page does not jump down
+        controls_reachable(page)
         assert page.get_by_role("status").filter(has_text="server unreachable").count() == 1
         page.evaluate(COUNT_WRITES)
         polls_fail(page, 2)
@@ -68,7 +86,8 @@ def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, t
         if opened:  # still the conversation, and the way back to the list
             assert page.locator("#detail .notice.error").count() == 0
             on_screen(page, "#op-detail-title")
-            on_screen(page, ".op-back")
+            if width <= 720:  # a phone's layout: the list is not beside it
+                on_screen(page, ".op-back")
         replica.start()
         page.wait_for_function(STATE.format("online"), timeout=60_000)
         shot(page, name + "-back")
@@ -80,9 +99,16 @@ def test_the_narrow_operator_page_says_it_is_offline_once_and_comes_back(fake, t
     assert errors == []
 
 
-def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_back(fake, tmp_path):
+GONE = {"en-US": ("This conversation no longer exists.", "‹ List"),
+        "de-DE": ("Dieses Gespräch gibt es nicht mehr.", "‹ Liste")}
+
+
+@pytest.mark.parametrize("locale", list(GONE))
+def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_back(fake, tmp_path, locale):
     """A refusal (the conversation was deleted: 404) still takes the conversation's place, now with
-    its *‹ List* button: on a phone the list is not beside it, and there was no way back but a reload."""
+    its *‹ List* button: on a phone the list is not beside it, and there was no way back but a reload.
+    It says so in the page's own words, in the operator's language (`op_gone`), not the server's
+    message to developers ("...start it first (a WebSocket Connect, or POST ...)")."""
     fake.responder = responder
     (tmp_path / "auth.yaml").write_text(AUTH)
     replica = Replica(str(SHOP / "shop.yaml"), f"sqlite:///{tmp_path / 's.db'}", fake.base_url,
@@ -90,14 +116,17 @@ def test_a_conversation_deleted_under_a_phones_operator_says_so_with_the_way_bac
     errors: list[str] = []
     with replica.served(), chromium() as browser:
         session = waiting_customer(replica.url, "ana", "human please, my order is late")
-        page = open_page(browser, replica.url, "/operator", "sam", 390, errors)
+        page = open_page(browser, replica.url, "/operator", "sam", 390, errors, locale=locale)
         page.locator(".op-session").first.click()
         page.wait_for_selector("#take-over", timeout=30_000)
         request = urllib.request.Request(f"{replica.url}/bots/shop/sessions/{session}", method="DELETE",
                                          headers={"Authorization": f"Bearer {TOKENS['ana']}"})
         urllib.request.urlopen(request, timeout=60).close()
         page.locator("#detail .notice.error").wait_for(timeout=30_000)
-        shot(page, "operator-deleted-conversation-390")
+        shot(page, f"operator-deleted-conversation-390-{locale}")
+        gone, back = GONE[locale]
+        assert page.inner_text("#detail .notice.error") == gone
+        assert page.inner_text("#detail .op-back") == back
         on_screen(page, "#detail .op-back")
         page.click("#detail .op-back")
         page.locator("#sessions").wait_for()

@@ -116,10 +116,12 @@ def sites(fake, tmp_path, monkeypatch):
 
 
 @contextmanager
-def shop_page(url: str | None, width: int, color_scheme: str = "light") -> Iterator[Any]:
-    """A tab on the shop's page (`url`; None: the test goes there itself)."""
+def shop_page(url: str | None, width: int, color_scheme: str = "light", locale: str | None = None) -> Iterator[Any]:
+    """A tab on the shop's page (`url`; None: the test goes there itself); `locale`: the browser's language."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=color_scheme).new_page()
+        options: dict[str, Any] = {"locale": locale} if locale else {}
+        page = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=color_scheme,
+                                   **options).new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         if url is not None:

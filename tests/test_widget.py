@@ -6,14 +6,18 @@ foreign tokens refused with the reason. The browser's side: tests/test_browser_w
 
 from __future__ import annotations
 
+import html
+import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import chatrun
+from chatrun.cli import main
 from chatrun.definition.config import WidgetConfig
 from chatrun.definition.loader import check_bot
 from chatrun.server import create_app
@@ -251,3 +255,30 @@ def test_an_anonymous_only_widget_never_takes_a_signed_identity(bot_path, monkey
         assert refused.status_code == 401 and "takes anonymous visitors only" in refused.json()["message"]
         visitor = client.post("/bots/travel/sessions", headers={"Authorization": "Bearer cwv." + "v" * 30}, json={})
         assert visitor.status_code == 201, visitor.text
+
+
+def test_a_plain_widget_greeting_in_a_bot_with_locales_is_warned_of_and_a_translated_one_follows_the_visitor(tmp_path):
+    """`widget.greeting` follows the rule of every text a bot with `locales:` shows (a channel's
+    greeting, a route's `title:`): `chatrun validate` warns of a plain one at its line (it was shown
+    as written in every locale, unwarned), and one written `{{ t('key') }}` is the visitor's
+    language in the config and in the panel (the frame's data)."""
+    (tmp_path / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("greeting: Where to?\n")
+    (tmp_path / "locales" / "de.yaml").write_text("greeting: Wohin soll es gehen?\n")
+    bilingual = BOT.replace("name: travel\n", "name: travel\nlocales: [en, de]\n")
+    path = tmp_path / "bot.yaml"
+    path.write_text(bilingual)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert f"{path}:8:3: warning: `widget.greeting` is sent to the user untranslated: the bot declares " \
+           "`locales:`, so write it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)" in result.output
+    path.write_text(bilingual.replace("greeting: Where to?", "greeting: \"{{ t('greeting') }}\""))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and "widget.greeting" not in result.output and "t('greeting')" not in result.output
+    with TestClient(create_app([chatrun.load_bot(path)]), base_url="http://127.0.0.1:8000") as client:
+        for language, greeting in (("de-DE,de;q=0.9", "Wohin soll es gehen?"), ("en-US", "Where to?")):
+            config = client.get("/widget/travel/config", headers={"Origin": SITE, "Accept-Language": language})
+            assert config.json()["greeting"] == greeting
+            frame = client.get("/widget/travel/frame", params={"origin": SITE},
+                               headers={"Referer": SITE + "/", "Accept-Language": language})
+            assert html.escape(json.dumps(greeting), quote=True) in frame.text

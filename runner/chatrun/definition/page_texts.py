@@ -242,6 +242,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "op_from": "{name} · operator",
         "op_waiting_item": "waiting ({kind} {id}): {ask}",
         "op_spoke": "operator spoke",
+        "op_gone": "This conversation no longer exists.",
     },
     "de": {
         "send": "Senden",
@@ -444,6 +445,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "op_from": "{name} · Mitarbeiter",
         "op_waiting_item": "wartet ({kind} {id}): {ask}",
         "op_spoke": "Mitarbeiter hat geschrieben",
+        "op_gone": "Dieses Gespräch gibt es nicht mehr.",
     },
     "ar": {
         "send": "إرسال",
@@ -644,6 +646,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "op_from": "{name} · موظف",
         "op_waiting_item": "في الانتظار ({kind} {id}): {ask}",
         "op_spoke": "تحدث الموظف",
+        "op_gone": "هذه المحادثة لم تعد موجودة.",
     },
 }
 KEYS: frozenset[str] = frozenset(BUILTIN["en"])

@@ -30,6 +30,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from chatrun.definition.config import WIDGET_LOGO_TYPES, WidgetConfig
 from chatrun.definition.page_texts import page_texts
+from chatrun.definition.templates import display_text
 from chatrun.server.plumbing import Registry, wanted_locale
 from chatrun.server.site import STATIC, _page
 from chatrun.server.widget_identity import SIGNED_PREFIX, IdentityRefused, widget_principal
@@ -81,7 +82,7 @@ async def widget_config(bot: str, request: Request, registry: Registry) -> JSONR
     body = {
         "bot": bot,
         "title": widget.title or found.config.description or bot,
-        "greeting": widget.greeting,
+        "greeting": _greeting(found, widget, request),
         "color": widget.color,
         "position": widget.position,
         "identity": widget.identity,
@@ -92,11 +93,22 @@ async def widget_config(bot: str, request: Request, registry: Registry) -> JSONR
     return JSONResponse(body, headers={**cors, "Cache-Control": "no-cache"})
 
 
+def _locale(bot: Any, request: Request) -> str | None:
+    """The bot's locale the visitor's browser asks for (None: a bot without `locales:`)."""
+    catalogs = bot.config.catalogs
+    return catalogs.negotiate(wanted_locale(request)) if catalogs is not None else None
+
+
 def _launcher_texts(bot: Any, request: Request) -> dict[str, str]:
     """The launcher's words in the visitor's language (the page's texts; a bot's `page.widget_*` replace them)."""
-    catalogs = bot.config.catalogs
-    texts = page_texts(catalogs, catalogs.negotiate(wanted_locale(request)) if catalogs is not None else None)
+    texts = page_texts(bot.config.catalogs, _locale(bot, request))
     return {key: texts[f"widget_{key}"] for key in ("open", "close", "unread")}
+
+
+def _greeting(bot: Any, widget: WidgetConfig, request: Request) -> str:
+    """`widget.greeting` in the visitor's language: its `t()` rendered as a route's `title:` is
+    (a text shown apart from any conversation; checks.py `display_texts` warns of a plain one)."""
+    return display_text(widget.greeting, bot.config.catalogs, _locale(bot, request))
 
 
 def _logo_url(base: str, bot: str, widget: WidgetConfig) -> str:
@@ -119,7 +131,7 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
         return HTMLResponse(text, status_code=403, headers={"Cache-Control": "no-cache"})
     # The chat page as site.py makes it (its texts in the visitor's locale), with the widget's parts added.
     page = bytes(_page(bot, found, request, "user").body).decode()  # an end user's page (h-page's modes)
-    data = {"title": widget.title or found.config.description or bot, "greeting": widget.greeting,
+    data = {"title": widget.title or found.config.description or bot, "greeting": _greeting(found, widget, request),
             "color": widget.color, "logo": _logo_url(str(request.base_url).rstrip("/"), bot, widget),
             "origin": origin}
     page = page.replace("</head>", f"{_frame_head()}</head>", 1)

@@ -338,17 +338,17 @@
   function savePrefs() {
     localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
     $("notify").setAttribute("aria-pressed", String(Boolean(prefs.notify)));
-    $("notify").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
+    $("notify-word").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
     $("sound").checked = Boolean(prefs.sound);
   }
 
   $("notify").addEventListener("click", async () => {
     if (prefs.notify) { prefs.notify = false; return savePrefs(); }
-    if (!window.Notification) { $("notify").textContent = tx("op_notify_none"); return; }
+    if (!window.Notification) { $("notify-word").textContent = tx("op_notify_none"); return; }
     const answer = Notification.permission === "granted" ? "granted" : await Notification.requestPermission();
     prefs.notify = answer === "granted";
     savePrefs();
-    if (answer === "denied") $("notify").textContent = tx("op_notify_blocked");
+    if (answer === "denied") $("notify-word").textContent = tx("op_notify_blocked");
   });
   $("sound").addEventListener("change", () => { prefs.sound = $("sound").checked; savePrefs(); if (prefs.sound) chime(); });
 
@@ -390,14 +390,16 @@
       if (current === open) showTyping(await call(sessionPath(current.bot, current.id) + "/typing").catch(() => null));
     } catch (err) {
       if (err.offline) setStatus("offline", tx("unreachable")); // the server is away: keep what is shown
-      else if (current === open) { current.mark = null; renderProblem(err.message); } // redrawn once it answers again
+      else if (current === open) { current.mark = null; renderProblem(err); } // redrawn once it answers again
     }
     if (current === open) sessionTimer = setTimeout(refreshSession, 1500);
   }
 
   /** The server's refusal in place of the conversation, with the way back to the list (a phone
-   * shows no list beside it). */
-  function renderProblem(text) {
+   * shows no list beside it). A conversation that is gone (deleted: 404) says so in the page's own
+   * words, in the operator's language; the server's message is for developers. */
+  function renderProblem(err) {
+    const text = err.status === 404 ? tx("op_gone") : err.message;
     const box = $("detail");
     box.textContent = "";
     box.removeAttribute("data-session");
