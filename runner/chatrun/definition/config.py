@@ -267,8 +267,6 @@ class ActionConfig:
     operator: OperatorConfig | None = None  # a handover to an operator (the tool's action only)
     where: Location = field(default_factory=Location)
     _merged: dict[int, ActionConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _variants: tuple[tuple[CaseConfig | None, ActionConfig], ...] | None = field(
-        default=None, init=False, repr=False, compare=False)
 
     @property
     def leaves_route(self) -> bool:
@@ -291,22 +289,18 @@ class ActionConfig:
             values["emit"] = _over(self.emit, case.action.emit)
             values["remember"] = {**self.remember, **case.action.remember}
             values["cases"], values["where"], values["_merged"] = [], case.action.where, {}  # a merge has no cases
-            values["_variants"] = None  # its own, never this action's
             merged = ActionConfig.__new__(ActionConfig)
             merged.__dict__.update(values)
             self._merged[id(case)] = merged
         return merged
 
-    def variants(self) -> tuple[tuple[CaseConfig | None, ActionConfig], ...]:
+    def variants(self) -> list[tuple[CaseConfig | None, ActionConfig]]:
         """Every action calling the tool can apply: (the case, the merged action) for each
-        case, and (None, this action) when no case may match (there is no `else`). Worked out
-        once (the default effects, the route graph and the checks each ask for every tool)."""
-        if self._variants is None:
-            out: list[tuple[CaseConfig | None, ActionConfig]] = [(case, self.with_case(case)) for case in self.cases]
-            if not self.cases or self.cases[-1].condition is not None:
-                out.append((None, self))
-            self._variants = tuple(out)
-        return self._variants
+        case, and (None, this action) when no case may match (there is no `else`)."""
+        out: list[tuple[CaseConfig | None, ActionConfig]] = [(case, self.with_case(case)) for case in self.cases]
+        if not self.cases or self.cases[-1].condition is not None:
+            out.append((None, self))
+        return out
 
 
 def _over(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
