@@ -23,6 +23,8 @@ Second pass (2026-12-06, load average 9-10, 7 rounds): in process 3.08 / 3.21 s;
 Third pass (2026-12-06, load average 5-7.5, 5 rounds; the checks' memos on repeated shapes): in process
 2.61 / 2.62 s; the C loader alone 1.78 / 1.91 s; in a child 2.56 / 2.65 s, main before (ba5cef0) 2.83 /
 2.92 s; the checks alone 0.85 / 0.91 s with the memos, 1.18 / 1.23 s without. Not met.
+Fourth pass (2026-12-07, load average 3.6-4.6, 5 rounds): in process 2.38 / 2.45 s; the C loader alone
+1.66 / 1.70 s; in a child 2.49 / 2.51 s, main before (2a086b4) 2.46 / 2.52 s (within noise). Not met.
 """
 
 from __future__ import annotations

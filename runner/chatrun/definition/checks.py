@@ -1828,11 +1828,11 @@ class ScopeVisibility:
         route_edges: list[tuple[str, str, frozenset[str]]] = [
             (e.source, e.target, frozenset()) for e in moves if e.kind == "route" and e.target is not None]
         decl = {n: config.routes[n].scope for n in names}
-        own = _flow(names, route_edges, {n: {*decl[n].local, *decl[n].shared} for n in names})
-        shared = _flow(names, route_edges, {n: set(decl[n].shared) for n in names})
+        own, shared = _flow(names, route_edges, {n: {*decl[n].local, *decl[n].shared} for n in names},
+                            {n: set(decl[n].shared) for n in names})  # one graph: its components found once
         push_edges = [(e.source, e.target, shared[e.source]) for e in moves
                       if e.kind in ("push", "call") and e.target is not None]
-        below = _flow(names, route_edges + push_edges, {n: set() for n in names})
+        (below,) = _flow(names, route_edges + push_edges, {n: set() for n in names})
         self._own, self._below = own, below
 
     def sees(self, route: str, key: str) -> bool:
@@ -1845,9 +1845,10 @@ class ScopeVisibility:
 
 
 def _flow(nodes: list[str], edges: list[tuple[str, str, frozenset[str]]],
-          base: dict[str, set[str]]) -> dict[str, frozenset[str]]:
-    """The least sets with value(n) >= base(n) and, for every edge (a, b, extra),
-    value(b) >= value(a) | extra: strongly connected components in topological order."""
+          *bases: dict[str, set[str]]) -> list[dict[str, frozenset[str]]]:
+    """For each base, the least sets with value(n) >= base(n) and, for every edge (a, b, extra),
+    value(b) >= value(a) | extra: strongly connected components (found once for all the bases)
+    in topological order."""
     succ: dict[str, list[str]] = {n: [] for n in nodes}
     for a, b, _ in edges:
         succ[a].append(b)
@@ -1855,13 +1856,23 @@ def _flow(nodes: list[str], edges: list[tuple[str, str, frozenset[str]]],
     members: dict[int, list[str]] = {}
     for n in nodes:
         members.setdefault(component[n], []).append(n)
+    inside: list[tuple[int, frozenset[str]]] = []  # (component, extra) of the edges inside a cycle
     incoming: dict[int, list[tuple[str, frozenset[str]]]] = {}
-    value: dict[int, set[str]] = {c: set().union(*(base[n] for n in ms)) for c, ms in members.items()}
     for a, b, extra in edges:
         if component[a] == component[b]:
-            value[component[b]] |= extra  # inside a cycle: every member gets it
+            inside.append((component[b], extra))
         else:
             incoming.setdefault(component[b], []).append((a, extra))
+    return [_flow_one(nodes, component, members, inside, incoming, base) for base in bases]
+
+
+def _flow_one(nodes: list[str], component: dict[str, int], members: dict[int, list[str]],
+              inside: list[tuple[int, frozenset[str]]], incoming: dict[int, list[tuple[str, frozenset[str]]]],
+              base: dict[str, set[str]]) -> dict[str, frozenset[str]]:
+    """`_flow` of one base over the components it found."""
+    value: dict[int, set[str]] = {c: set().union(*(base[n] for n in ms)) for c, ms in members.items()}
+    for c, extra in inside:
+        value[c] |= extra  # inside a cycle: every member gets it
     done: dict[int, frozenset[str]] = {}
     for c in sorted(members):
         acc = value[c]
