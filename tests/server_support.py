@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 
 from chat_support import call  # noqa: F401  (the server tests' scripted answers, re-exported)
@@ -187,3 +191,27 @@ def wait_until(condition, timeout: float = 120, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def start_serve(bot: str, store: str, port: int, fake: Any) -> subprocess.Popen:
+    """A real `chatrun serve` of `bot` on `store` at `port`, answered by the fake OpenAI server
+    `fake`, once its /health answers (a subprocess a test may kill -9 and start again)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
+    env["OPENAI_BASE_URL"] = fake.base_url
+    env["OPENAI_API_KEY"] = "test-key"
+    env.pop("CHATRUN_AUTH_FILE", None)
+    cmd = [sys.executable, "-m", "chatrun", "serve", bot, "--port", str(port), "--store", store,
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60  # a loaded 2-core machine starts Python slowly
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"chatrun serve exited: {proc.stdout.read().decode() if proc.stdout else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("chatrun serve did not start in 60 s")

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -23,31 +20,9 @@ import websockets
 from chatrun.report.read import read_conversations
 from chatrun.store.aio import open_async_store
 from chatrun.testing.fake_openai import FakeOpenAI
-from server_support import REPO, async_until_done, call, free_port, write_travel
+from server_support import async_until_done, call, free_port, start_serve, write_travel
 
 pytestmark = pytest.mark.subprocess
-
-
-def start_server(bot: str, store: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
-    env["OPENAI_BASE_URL"] = fake.base_url
-    env["OPENAI_API_KEY"] = "test-key"
-    env.pop("CHATRUN_AUTH_FILE", None)
-    cmd = [sys.executable, "-m", "chatrun", "serve", bot, "--port", str(port), "--store", store,
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60  # a loaded 2-core machine starts Python slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"chatrun serve exited: {proc.stdout.read().decode()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("chatrun serve did not start in 60 s")
 
 
 def used(prompt: int, completion: int) -> dict:
@@ -82,7 +57,7 @@ def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[i
         # tokens, billed), its second hangs.
         fake.queue({"text": "Hello", **used(10, 1)},
                    {**call("remember_name", name="Ana"), **used(100, 10)}, {"text": "never", "delay": 60})
-        first = start_server(bot, store, port, fake)
+        first = start_serve(bot, store, port, fake)
         try:
             asyncio.run(send(ws_url, "hi", fake, first=True))
             asyncio.run(send(ws_url, "I'm Ana", fake, calls_before_kill=3))
@@ -92,7 +67,7 @@ def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[i
         between = asyncio.run(reported(store))
         fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)},
                    {"text": "Bye", **used(5, 1)})
-        second = start_server(bot, store, port, fake)
+        second = start_serve(bot, store, port, fake)
         try:
             frames = asyncio.run(send(ws_url, "I'm Ana", fake))
             asyncio.run(send(ws_url, "bye", fake))  # the next turn does not count the dead attempt again

@@ -6,41 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 import websockets
 
 from chatrun.testing.fake_openai import FakeOpenAI
-from server_support import REPO, async_until_done, call, free_port, write_travel
+from server_support import async_until_done, call, free_port, start_serve, write_travel
 
 pytestmark = pytest.mark.subprocess
-
-
-def start_server(bot: str, db: str, port: int, fake: FakeOpenAI) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runner"), env.get("PYTHONPATH")]))
-    env["OPENAI_BASE_URL"] = fake.base_url
-    env["OPENAI_API_KEY"] = "test-key"
-    env.pop("CHATRUN_AUTH_FILE", None)
-    cmd = [sys.executable, "-m", "chatrun", "serve", bot, "--port", str(port), "--store", f"sqlite:///{db}",
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60  # a loaded 2-core machine starts Python slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"chatrun serve exited: {proc.stdout.read().decode()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("chatrun serve did not start in 60 s")
 
 
 async def turn(ws, text: str) -> list[dict]:
@@ -84,7 +58,7 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
             while len(fake.requests) == seen:
                 await asyncio.sleep(0.02)
 
-    first = start_server(bot, db, port, fake)
+    first = start_serve(bot, f"sqlite:///{db}", port, fake)
     try:
         scope = asyncio.run(before())
         saved = httpx.get(f"{base}/bots/travel/sessions/r1/inspect").json()
@@ -95,7 +69,7 @@ def test_a_conversation_survives_a_killed_server(tmp_path, fake):
         first.kill()  # SIGKILL: no shutdown hook runs
         first.wait(10)
 
-    second = start_server(bot, db, port, fake)
+    second = start_serve(bot, f"sqlite:///{db}", port, fake)
     try:
         restored = httpx.get(f"{base}/bots/travel/sessions/r1/inspect").json()
         for key in ("route", "stack", "scopeId", "state", "scopes", "memory", "turn"):
