@@ -3,7 +3,8 @@
 
 A real `chatrun serve` (SQLite, Redis, PostgreSQL) answered by fake_openai: a turn's first model call
 answers (a tool call), its second hangs, and the server is killed (SIGKILL) then. Started again,
-the page sends the message again: the session's usage, its history and `chatrun report`'s
+the page sends the message again (or, over `/v1`, the client sends its request again: the retry
+takes over the dead attempt's claim): the session's usage, its history and `chatrun report`'s
 tokens count the dead attempt's call and the retry's calls, each once.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
+import openai
 import pytest
 import websockets
 
@@ -125,3 +128,59 @@ def test_on_postgres_a_killed_attempts_billed_call_is_counted_once_with_its_retr
     check_counted_once(session, frames)
     assert between == (11 + 110, 1)
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
+
+
+def v1_killed_then_retried(tmp_path, store: str) -> dict:
+    """The same dead attempt over `/v1` (the real `openai` client): a committed answer, then the
+    next request's turn killed after its first call answered; the client sends the request again
+    (its retry takes over the dead attempt's claim) and one more. The stored session (its resource)."""
+    bot = str(write_travel(tmp_path / "bots"))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    hi = [{"role": "user", "content": "hi"}]
+    with FakeOpenAI() as fake:
+        fake.queue({"text": "Hello", **used(10, 1)},
+                   {**call("remember_name", name="Ana"), **used(100, 10)}, {"text": "never", "delay": 60})
+        first = start_serve(bot, store, port, fake)
+        again = [*hi, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "I'm Ana"}]
+        try:
+            assert client.chat.completions.create(model="travel", messages=hi).choices[0].message.content == "Hello"
+            threading.Thread(target=_ignoring_errors, args=(client, again), daemon=True).start()
+            deadline = time.monotonic() + 60
+            while len(fake.requests) < 3:
+                assert time.monotonic() < deadline, f"the model got {len(fake.requests)} requests, not 3"
+                time.sleep(0.02)
+        finally:
+            first.kill()  # SIGKILL, after the model answered and before the commit
+            first.wait(10)
+        fake.queue({**call("remember_name", name="Ana"), **used(200, 20)}, {"text": "Hi Ana", **used(300, 30)},
+                   {"text": "Bye", **used(5, 1)})
+        second = start_serve(bot, store, port, fake)
+        try:
+            retried = client.chat.completions.create(model="travel", messages=again)
+            assert retried.choices[0].message.content == "Hi Ana"
+            more = [*again, {"role": "assistant", "content": "Hi Ana"}, {"role": "user", "content": "bye"}]
+            last = client.chat.completions.create(model="travel", messages=more)
+            session = last.model_extra["chatrun"]["session"]
+            return httpx.get(f"{base}/bots/travel/sessions/{session}").json()
+        finally:
+            second.kill()
+            second.wait(10)
+
+
+def _ignoring_errors(client, messages: list[dict]) -> None:
+    """A request whose server is killed under it: its connection error is the point."""
+    try:
+        client.chat.completions.create(model="travel", messages=messages)
+    except Exception:  # noqa: BLE001 - the server died under the request, as the test wants
+        pass
+
+
+@pytest.mark.slow
+def test_over_v1_a_killed_attempts_billed_call_is_counted_once_with_the_retry_that_took_its_claim(tmp_path):
+    session = v1_killed_then_retried(tmp_path, f"sqlite:///{tmp_path / 'sessions.db'}")
+    usage = session["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["calls"]) == (615, 62, 5)
+    dead = [e for e in session["history"] if e.get("unfinished")]
+    assert len(dead) == 1 and (dead[0]["usage"]["input_tokens"], dead[0]["usage"]["calls"]) == (100, 1)
