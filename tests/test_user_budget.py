@@ -406,3 +406,29 @@ def test_a_killed_attempts_calls_count_for_its_user_with_the_turn_that_counts_th
     record = asyncio.run(_record(url, user_budget_key("shop", "ana")))
     assert usage["input_tokens"] + usage["output_tokens"] == 110 + 25 + 25
     assert record is not None and record["tokens"] == 110 + 25 + 25
+
+
+def test_a_killed_attempts_calls_fill_the_users_budget_before_the_next_model_call(fake, tmp_path):
+    """The user's budget is checked with a killed attempt's paid calls counted, as the session's
+    budgets are: 995 of ana's 1000 tokens went to a dead attempt, so the next call is refused."""
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-07T10:00:00+00:00")
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    bot = _bot(tmp_path)
+    with TestClient(_app(bot, url, clock)) as client:
+        assert client.post("/bots/shop/sessions", json={"id": "a1"}, headers=ANA).status_code == 201
+
+    async def a_dead_attempt() -> None:
+        store = await open_existing_store(url)
+        try:
+            await store.put_record("usage:a1", {"attempt": "dead0002", "turn": 1, "at": 1796637600.0, "usage": {
+                "input_tokens": 985, "output_tokens": 10, "calls": 1}}, "a1")
+        finally:
+            await store.close()
+
+    asyncio.run(a_dead_attempt())
+    with TestClient(_app(bot, url, clock)) as client:
+        asked = len(fake.requests)
+        refused = _say(client, "a1", ANA)
+        assert _error(refused) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
+        assert len(fake.requests) == asked  # refused before the model call

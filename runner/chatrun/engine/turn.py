@@ -64,7 +64,7 @@ from chatrun.engine.tools import (
     parse_output,
     plan_route,
 )
-from chatrun.engine.usage import Attempt, Usage, call_usage, check_budgets
+from chatrun.engine.usage import Attempt, Usage, UserSpent, call_usage, check_budgets
 from chatrun.errors import MessageTooLong, ModelError, TurnFailed
 from chatrun.knowledge import CITE_NUDGE, Hit
 from chatrun.memory import ChatMemory, SummaryMemory, TokenWindowMemory
@@ -300,7 +300,7 @@ class Turn:
             self.attempt = await self.open_attempt()
         if self.t.config.limits.has_budgets:
             check_budgets(self.t.config.limits, self.usage, self.session_usage(), counted(), price, route.name,
-                          self.t.c.user_spent)
+                          self.user_spent())
         # A returning route's answer is its result, and JSON is no text for the user: never streamed.
         # A reply that must cite a source is checked before anyone sees it: not streamed either.
         must_cite = route.knowledge is not None and route.knowledge.cite_required
@@ -595,6 +595,16 @@ class Turn:
         total = self.t.c.usage.copy()
         total.add(self.attempt.earlier())
         return total
+
+    def user_spent(self) -> UserSpent | None:
+        """What the user's budgets count (limits.max_user_*): with the earlier attempts that never
+        committed, which this turn's commit charges to the user too (server/user_budgets.py)."""
+        spent = self.t.c.user_spent
+        if spent is None or self.attempt is None or not self.attempt.unfinished:
+            return spent
+        total = spent.usage.copy()
+        total.add(self.attempt.earlier())
+        return replace(spent, usage=total)
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str,
