@@ -387,16 +387,7 @@ def test_a_killed_attempts_calls_count_for_its_user_with_the_turn_that_counts_th
     bot = _bot(tmp_path)
     with TestClient(_app(bot, url, clock)) as client:
         assert client.post("/bots/shop/sessions", json={"id": "a1"}, headers=ANA).status_code == 201
-
-    async def a_dead_attempt() -> None:  # as a killed server's model call left it
-        store = await open_existing_store(url)
-        try:
-            await store.put_record("usage:a1", {"attempt": "dead0001", "turn": 1, "at": 1796637600.0, "usage": {
-                "input_tokens": 100, "output_tokens": 10, "calls": 1, "cost": 0.00011}}, "a1")
-        finally:
-            await store.close()
-
-    asyncio.run(a_dead_attempt())
+    asyncio.run(_a_dead_attempt(url, "a1", {"input_tokens": 100, "output_tokens": 10, "calls": 1, "cost": 0.00011}))
     with TestClient(_app(bot, url, clock)) as client:
         fake.queue(SMALL)
         assert _error(_say(client, "a1", ANA)) is None
@@ -417,18 +408,20 @@ def test_a_killed_attempts_calls_fill_the_users_budget_before_the_next_model_cal
     bot = _bot(tmp_path)
     with TestClient(_app(bot, url, clock)) as client:
         assert client.post("/bots/shop/sessions", json={"id": "a1"}, headers=ANA).status_code == 201
-
-    async def a_dead_attempt() -> None:
-        store = await open_existing_store(url)
-        try:
-            await store.put_record("usage:a1", {"attempt": "dead0002", "turn": 1, "at": 1796637600.0, "usage": {
-                "input_tokens": 985, "output_tokens": 10, "calls": 1}}, "a1")
-        finally:
-            await store.close()
-
-    asyncio.run(a_dead_attempt())
+    asyncio.run(_a_dead_attempt(url, "a1", {"input_tokens": 985, "output_tokens": 10, "calls": 1}))
     with TestClient(_app(bot, url, clock)) as client:
         asked = len(fake.requests)
         refused = _say(client, "a1", ANA)
         assert _error(refused) == BUILTIN["en"]["user_budget_spent"].format(renews="2026-12-08 00:00 UTC")
         assert len(fake.requests) == asked  # refused before the model call
+
+
+async def _a_dead_attempt(url: str, session: str, usage: dict) -> None:
+    """The session's usage record as a server killed after a model call answered left it
+    (store/billing.py): an attempt no commit counted, with its call's `usage`."""
+    store = await open_existing_store(url)
+    try:
+        await store.put_record(f"usage:{session}", {"attempt": "dead0001", "turn": 1, "at": 1796637600.0,
+                                                    "usage": usage}, session)
+    finally:
+        await store.close()

@@ -590,9 +590,14 @@ class Turn:
 
     def session_usage(self) -> Usage:
         """The session's usage the budgets count: with the earlier attempts that never committed."""
+        return self.with_unfinished(self.t.c.usage)
+
+    def with_unfinished(self, usage: Usage) -> Usage:
+        """`usage` with what the session's earlier attempts that never committed used (a killed
+        server's, store/billing.py), which this turn's commit counts; `usage` itself when none."""
         if self.attempt is None or not self.attempt.unfinished:
-            return self.t.c.usage
-        total = self.t.c.usage.copy()
+            return usage
+        total = usage.copy()
         total.add(self.attempt.earlier())
         return total
 
@@ -600,11 +605,7 @@ class Turn:
         """What the user's budgets count (limits.max_user_*): with the earlier attempts that never
         committed, which this turn's commit charges to the user too (server/user_budgets.py)."""
         spent = self.t.c.user_spent
-        if spent is None or self.attempt is None or not self.attempt.unfinished:
-            return spent
-        total = spent.usage.copy()
-        total.add(self.attempt.earlier())
-        return replace(spent, usage=total)
+        return None if spent is None else replace(spent, usage=self.with_unfinished(spent.usage))
 
     def account(self, route: str, model: str, raw: dict[str, Any], price: Price | None,
                 sent: list[Message], answer: AssistantMessage, provider: str,
