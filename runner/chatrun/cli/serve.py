@@ -192,7 +192,8 @@ def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--max-bundle-mb", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Largest bot version (its files) published to the store or loaded from it, in MiB.")
 @click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),
-              help="With --auth: sessions one principal may own (0: no limit).")
+              help="With --auth: sessions one principal may own (0: no limit); checked and counted with each new "
+                   "session's write, across replicas sharing a store too (a 429 names it).")
 @click.option(
     "--auth",
     "auth_file",
