@@ -49,10 +49,16 @@ async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int 
         return []
 
 
-def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int]]:
+PRICES = "prices:\n  gpt-4o-mini: {input: 1.0, output: 2.0}\n"  # per million tokens
+
+
+def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int], dict]:
     """The session r1 (its resource) after a committed turn, a killed attempt, its retry and one
-    more turn; the retry's frames; what the report read between the kill and the restart (tokens, unfinished)."""
-    bot = str(write_travel(tmp_path / "bots"))
+    more turn; the retry's frames; what the report read between the kill and the restart (tokens,
+    unfinished); the restarted server's metrics after the retry and the next turn (`scraped`)."""
+    path = write_travel(tmp_path / "bots")
+    path.write_text(path.read_text() + PRICES)
+    bot = str(path)
     port = free_port()
     base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/_chat/routes"
     with FakeOpenAI() as fake:
@@ -74,7 +80,8 @@ def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[i
         try:
             frames = asyncio.run(send(ws_url, "I'm Ana", fake))
             asyncio.run(send(ws_url, "bye", fake))  # the next turn does not count the dead attempt again
-            return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between
+            metrics = scraped(httpx.get(f"{base}/metrics").text)
+            return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between, metrics
         finally:
             second.kill()
             second.wait(10)
@@ -91,6 +98,26 @@ def check_counted_once(session: dict, frames: list[dict]) -> None:
     assert retry["ok"] is True and (retry["usage"]["input_tokens"], retry["usage"]["calls"]) == (500, 2)
 
 
+def scraped(text: str) -> dict:
+    """A /metrics page's samples: {(name, ((label, value), ...)): value}."""
+    parser = pytest.importorskip("prometheus_client.parser", reason="the metrics need chatrun[metrics]")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in parser.text_string_to_metric_families(text) for sample in family.samples}
+
+
+def check_metrics_count_it_once(metrics: dict) -> None:
+    """The restarted process's metrics count the dead attempt's call once, apart from the calls
+    it made itself (the retry's two and the next turn's: 200 + 300 + 5 input tokens)."""
+    model = (("bot", "travel"), ("gen_ai_request_model", "gpt-4o-mini"))
+    assert metrics[("chatrun_unfinished_attempts_total", (("bot", "travel"),))] == 1
+    assert metrics[("chatrun_unfinished_tokens_total", (*model, ("gen_ai_token_type", "input")))] == 100
+    assert metrics[("chatrun_unfinished_tokens_total", (*model, ("gen_ai_token_type", "output")))] == 10
+    assert metrics[("chatrun_unfinished_cost_total", model)] == pytest.approx((100 * 1.0 + 10 * 2.0) / 1e6)
+    live = (("bot", "travel"), ("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"),
+            ("gen_ai_request_model", "gpt-4o-mini"), ("gen_ai_token_type", "input"))
+    assert metrics[("gen_ai_client_token_usage_sum", live)] == 505
+
+
 async def reported(url: str) -> tuple[int, int]:
     """What `chatrun report` counts of the one conversation: (tokens, unfinished attempts)."""
     store = open_async_store(url)
@@ -104,8 +131,9 @@ async def reported(url: str) -> tuple[int, int]:
 @pytest.mark.slow
 def test_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path):
     url = f"sqlite:///{tmp_path / 'sessions.db'}"
-    session, frames, between = killed_then_retried(tmp_path, url)
+    session, frames, between, metrics = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
+    check_metrics_count_it_once(metrics)
     # The report counts the dead attempt's record before any attempt took it up, then its entry.
     assert between == (11 + 110, 1)
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
@@ -114,8 +142,9 @@ def test_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path):
 @pytest.mark.slow
 def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, redis_server):
     url = redis_server.url()
-    session, frames, between = killed_then_retried(tmp_path, url)
+    session, frames, between, metrics = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
+    check_metrics_count_it_once(metrics)
     # The report counts the dead attempt's record before any attempt took it up, then its entry.
     assert between == (11 + 110, 1)
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
@@ -124,8 +153,9 @@ def test_on_redis_a_killed_attempts_billed_call_is_counted_once_with_its_retry(t
 @pytest.mark.slow
 def test_on_postgres_a_killed_attempts_billed_call_is_counted_once_with_its_retry(tmp_path, postgres_server):
     url = postgres_server.url()
-    session, frames, between = killed_then_retried(tmp_path, url)
+    session, frames, between, metrics = killed_then_retried(tmp_path, url)
     check_counted_once(session, frames)
+    check_metrics_count_it_once(metrics)
     assert between == (11 + 110, 1)
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
 

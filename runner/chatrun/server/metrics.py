@@ -118,6 +118,16 @@ class ServerMetrics:
                                           "reported served from its prompt cache", model, registry=reg)
         self.cost = prom.Counter("chatrun_cost", "Cost of the model calls, in the units of the bot's `prices:`",
                                  ["bot", "gen_ai_request_model"], registry=reg)
+        # A killed process's attempt (store/billing.py): its calls, counted by the commit that takes it up.
+        self.unfinished_attempts = prom.Counter("chatrun_unfinished_attempts", "Attempts of a turn whose process "
+                                                "ended after paid model calls and before the commit, counted by "
+                                                "the commit of the session's next attempt", ["bot"], registry=reg)
+        self.unfinished_tokens = prom.Counter("chatrun_unfinished_tokens", "Tokens of the model calls of those "
+                                              "attempts (not in gen_ai_client_token_usage)",
+                                              ["bot", "gen_ai_request_model", "gen_ai_token_type"], registry=reg)
+        self.unfinished_cost = prom.Counter("chatrun_unfinished_cost", "Cost of the model calls of those attempts "
+                                            "(not in chatrun_cost), in the units of the bot's `prices:`",
+                                            ["bot", "gen_ai_request_model"], registry=reg)
         self.fallbacks = prom.Counter("chatrun_model_fallbacks", "Model calls moved to the next model of "
                                       "`model.fallback:`, by the model that could not answer, the one asked "
                                       "next and why (quota, overload, timeout, outage, breaker_open)",
@@ -216,6 +226,21 @@ class ServerMetrics:
         if cost:
             self.child(self.version_cost, bot, version).inc(cost)
 
+    def unfinished_counted(self, bot: str, attempts: list[dict[str, Any]]) -> None:
+        """A commit landed that counted the session's earlier attempts that never committed (a
+        killed process's, as the history records them: store/billing.py `failed_entry`): their
+        calls, by model, into the unfinished counters."""
+        for attempt in attempts:
+            self.child(self.unfinished_attempts, bot).inc()
+            usage = attempt.get("usage")
+            for call in _calls(usage if isinstance(usage, dict) else {}):
+                model = str(call.get("model") or "")
+                for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
+                    if call.get(key):
+                        self.child(self.unfinished_tokens, bot, model, kind).inc(int(call[key]))
+                if call.get("cost"):
+                    self.child(self.unfinished_cost, bot, model).inc(float(call["cost"]))
+
     def feedback_given(self, bot: str, route: str, rating: str) -> None:
         self.child(self.feedback, bot, route, rating).inc()
 
@@ -235,6 +260,14 @@ class ServerMetrics:
             yield
         finally:
             self.websockets.dec()
+
+
+def _calls(usage: dict[str, Any]) -> list[dict[str, Any]]:
+    """An attempt's model calls (its usage's `by_call`); the usage itself, by no model, without one."""
+    calls = usage.get("by_call")
+    if isinstance(calls, list):
+        return [call for call in calls if isinstance(call, dict)]
+    return [usage] if usage else []
 
 
 class TurnObserver:

@@ -182,7 +182,7 @@ class TurnRun:
                     report.saw(event)
                     yield event
         except asyncio.CancelledError:  # stopped: the engine rolled the turn back; its record is kept
-            await self._keep_stopped(session, hold, number)
+            await self._keep_stopped(session, hold, number, report)
             raise
         finally:
             buffer.request_id = None
@@ -199,7 +199,7 @@ class TurnRun:
                 for event in events:
                     report.saw(event)
         except asyncio.CancelledError:  # stopped: the engine rolled the turn back; its record is kept
-            await self._keep_stopped(session, hold, number)
+            await self._keep_stopped(session, hold, number, report)
             raise
         finally:
             buffer.request_id = None
@@ -234,8 +234,10 @@ class TurnRun:
         if self._session.user_spent is not None:  # its model calls count for its user, failed or not
             user_budgets.charge(hold.slot.buffer, self._session, self.entry)
         self._written = await self._writes.commit(hold.slot, self._session.id, hold.lease)
+        if self._written is not None:
+            report.committed(self._session.unfinished_counted)
 
-    async def _keep_stopped(self, session: Session, hold: Hold, number: int) -> None:
+    async def _keep_stopped(self, session: Session, hold: Hold, number: int, report: TurnReport) -> None:
         """Write a stopped turn's record (ok false, error "cancelled", what it showed and what its
         tools did) so the history says what happened; the session is as before the turn. A turn
         stopped before it started has no record. A failure here is logged: the stop stands."""
@@ -249,9 +251,12 @@ class TurnRun:
         if session.user_spent is not None:
             user_budgets.charge(hold.slot.buffer, session, entry)
         try:
-            await self._writes.commit(hold.slot, session.id, hold.lease)
+            written = await self._writes.commit(hold.slot, session.id, hold.lease)
         except Exception as exc:  # a conflict, a store down: the live copy was dropped, the store is the truth
             log.warning("the record of stopped turn %s of session %s was not saved: %s", number, session.id, exc)
+            return
+        if written is not None:
+            report.committed(session.unfinished_counted)
 
 
 def _reraise(report: TurnReport, exc: BaseException) -> NoReturn:

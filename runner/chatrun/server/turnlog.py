@@ -89,6 +89,14 @@ class TurnReport:
         if not self.entry and entry.get("turn") == self.number and entry.get("error") == "cancelled":
             self.entry, self.turn = entry, self.number
 
+    def committed(self, unfinished: list[dict[str, Any]]) -> None:
+        """The turn's commit (or its failed or stopped record's) landed, counting `unfinished`: the
+        session's earlier attempts that never committed (Session.unfinished_counted). Counted here,
+        once the store has them: a commit that does not land counts nothing, and the attempt
+        that counts them next (which reads them again) is the one that counts them."""
+        if self.metrics is not None and unfinished:
+            self.metrics.unfinished_counted(self.bot, unfinished)
+
     def replayed(self, recorded: dict[str, Any]) -> None:
         self.outcome, self.turn = REPLAYED, int(recorded.get("turn") or 0)
 
