@@ -162,6 +162,11 @@ class Driver:
     def press(self, value: str) -> int:
         raise NotImplementedError
 
+    def say_elsewhere(self, text: str, delivery: int) -> int:
+        """The same user starts another conversation with the bot (another chat, thread or
+        number: the platform's way), saying `text` as `delivery`."""
+        raise NotImplementedError
+
     def edit(self, delivery: int, text: str) -> int:
         """Edit the message sent as `delivery` to `text`: a new delivery of the platform's edit."""
         raise NotImplementedError
@@ -199,6 +204,9 @@ class TelegramDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(telegram_press(self.next_id(), value))
 
+    def say_elsewhere(self, text: str, delivery: int) -> int:  # a group the user and the bot are in
+        return self._send(telegram_message(delivery, text, chat=-100777))
+
     def edit(self, delivery: int, text: str) -> int:
         return self._send(telegram_edit(1000 + self.next_id(), telegram_message(delivery, ""), text))
 
@@ -232,6 +240,10 @@ class SlackDriver(Driver):
     def press(self, value: str) -> int:
         body = urlencode({"payload": json.dumps(slack_press(f"trig-{self.next_id()}", value))}).encode()
         return self._signed(body, form=True)
+
+    def say_elsewhere(self, text: str, delivery: int) -> int:  # a mention in a channel: a thread of its own
+        return self._signed(json.dumps(slack_message(f"Ev{delivery}", f"<@B1> {text}", channel="C77",
+                                                     kind="app_mention")).encode())
 
     def edit(self, delivery: int, text: str) -> int:
         return self._signed(json.dumps(slack_edit(f"EvEdit{self.next_id()}", slack_message(f"Ev{delivery}", ""),
@@ -268,6 +280,9 @@ class WhatsAppDriver(Driver):
     def press(self, value: str) -> int:
         return self._send(whatsapp_message(f"wamid.{self.next_id()}", button=value))
 
+    def say_elsewhere(self, text: str, delivery: int) -> int:  # the business's other number
+        return self._send(whatsapp_message(f"wamid.{delivery}", text, number="1065550002"))
+
     def edit(self, delivery: int, text: str) -> int:
         return self._send(whatsapp_edit(f"wamid.edit{self.next_id()}", f"wamid.{delivery}", text))
 
@@ -277,7 +292,7 @@ class WhatsAppDriver(Driver):
 
     def replies(self) -> list[Reply]:
         out: list[Reply] = []
-        for call in self.api.calls("1065550001/messages"):
+        for call in self.api.calls("messages"):  # (from either of the business's numbers)
             if call["type"] == "text":
                 out.append((call["text"]["body"], []))
                 continue
@@ -305,6 +320,9 @@ class TeamsDriver(Driver):
 
     def press(self, value: str) -> int:
         return self._send(self.api.activity(f"act-{self.next_id()}", value={"choice": value}))
+
+    def say_elsewhere(self, text: str, delivery: int) -> int:  # another chat of the same user
+        return self._send(self.api.activity(f"act-{delivery}", text, conversation="a:2personal"))
 
     def edit(self, delivery: int, text: str) -> int:
         return self._send(self.api.edit_activity(f"act-{delivery}", text))
@@ -519,6 +537,29 @@ def test_a_message_over_max_message_chars_runs_no_turn_and_the_user_is_told_the_
     assert chat.user.say("hello") == 200  # a message within the limit runs its turn as ever
     wait_until(lambda: len(chat.user.replies()) == 2, what="the reply")
     assert chat.texts()[1] == "You said hello." and len(chat.fake.requests) == 1
+
+
+def test_a_new_conversation_past_the_users_session_limit_is_acknowledged_and_told_why_once(chat, monkeypatch):
+    """With --max-sessions-per-principal 1, a user who has a conversation starts a second one
+    (another chat, thread or number). The store refuses its session, and the delivery was
+    answered 429: the platform delivered it again (or dropped it) and the user read nothing, the
+    bot looked dead. Now the platform gets its 200 and the user reads why, once however often the
+    delivery comes; no model is asked, and their first conversation goes on."""
+    monkeypatch.setattr(chat.client.app.state.registry.opener, "max_sessions_per_principal", 1)  # the flag's value
+    assert chat.user.say("hello") == 200
+    wait_until(chat.user.replies, what="the first reply")
+    for _ in range(3):  # the first and the platform's two retries
+        assert chat.user.say_elsewhere("hi there", delivery=90) == 200
+    store = chat.client.app.state.registry.store
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the refusal")
+    wait_until(lambda: chat.client.portal.call(store.record_keys, "channel-in:") == [],
+               what="the acknowledged deliveries done")  # (Slack's, answered before they ran)
+    told = PAGE_TEXTS["channel_too_many_sessions"].replace("{limit}", "1")
+    assert chat.texts() == ["You said hello.", told]
+    assert len(chat.fake.requests) == 1
+    assert chat.user.say("again") == 200  # the conversation they have goes on
+    wait_until(lambda: len(chat.user.replies()) == 3, what="the reply in the first conversation")
+    assert chat.texts() == ["You said hello.", told, "You said again."]
 
 
 def test_a_limit_of_one_character_is_said_in_the_singular(chat, monkeypatch):

@@ -20,7 +20,9 @@ from fastapi.testclient import TestClient
 
 from channel_support import FakeTelegram, shop_responder, telegram_message, telegram_press
 from channel_support import shop_responder as responder
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.channels.door import session_id_for
+from chatrun.server.sessions import SessionSettings
 from server_support import app_for_testclient, until_done, wait_until
 from webhook_support import OPENAI_MODEL
 
@@ -118,6 +120,42 @@ def test_a_channels_post_and_its_edit_are_both_unanswered(client, telegram, fake
     wait_until(lambda: outbox_empty(client), what="the outbox emptied")
     assert [(s["chat_id"], s["text"]) for s in telegram.calls("sendMessage")] == [(42, "You said hello.")]
     assert len(fake.requests) == 1
+
+
+def test_a_chat_past_the_users_session_limit_is_told_why_in_their_language_once(tmp_path, fake, telegram,
+                                                                                    monkeypatch):
+    """`serve --max-sessions-per-principal 1`: a German user who has a private chat with the bot
+    writes to it in a group (a second conversation, a second session). The delivery was answered
+    429 and Telegram kept delivering it, the user reading nothing; now it is answered 200 and the
+    user reads, in the group, in their language (the update's `language_code`), why nothing runs,
+    once: Telegram's retry of the update is told nothing again. A text the Bot API refuses leaves
+    the update to Telegram's retry (503), which tells it."""
+    for name, value in (("TG_TOKEN", TOKEN), ("TG_SECRET", SECRET), ("TG_API", telegram.url),
+                        ("CHATRUN_OUTBOX_POLL", "0.2")):
+        monkeypatch.setenv(name, value)
+    fake.responder = responder
+    (tmp_path / "bot.yaml").write_text(BOT.replace("state: {booked: 0}", "locales: [en, de]\nstate: {booked: 0}"))
+    (tmp_path / "locales").mkdir()
+    for locale in ("en", "de"):
+        (tmp_path / "locales" / f"{locale}.yaml").write_text("shop: Shop\n")
+    (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators]}}\n")
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"), sessions=SessionSettings(max_sessions_per_principal=1))
+    with TestClient(app) as client:
+        assert deliver(client, telegram_message(1, "hallo", language="de")).status_code == 200
+        wait_until(lambda: texts(telegram), what="the reply in the private chat")
+        group = telegram_message(2, "hallo", chat=-100777, language="de-AT")
+        telegram.status = 502  # the Bot API down: the text is not sent, the update left to Telegram's retry
+        assert deliver(client, group).status_code == 503
+        telegram.status = 200
+        for _ in range(2):  # Telegram's retry, told; and its retry again, told nothing
+            assert deliver(client, group).status_code == 200
+        assert deliver(client, telegram_message(3, "noch da?", language="de")).status_code == 200
+        wait_until(lambda: len(texts(telegram)) == 3, what="the reply to the private chat's second message")
+    told = BUILTIN["de"]["channel_too_many_sessions"].replace("{limit}", "1")
+    assert [(s["chat_id"], s["text"]) for s in telegram.calls("sendMessage")] == [
+        (42, "You said hallo."), (-100777, told), (42, "You said noch da?.")]
+    assert len(fake.requests) == 2  # the group's message asked no model
 
 
 def test_the_sender_is_the_principal_with_the_roles_the_auth_file_gives_it(tmp_path, fake, telegram, monkeypatch):

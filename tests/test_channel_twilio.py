@@ -463,6 +463,28 @@ def test_a_prompt_over_max_message_chars_runs_no_turn_and_the_caller_hears_the_l
     assert [r["messages"][-1]["content"] for r in fake.requests] == ["Any tickets?"]
 
 
+def test_a_call_past_the_callers_session_limit_hears_why_instead_of_silence(tmp_path, fake, monkeypatch):
+    """`serve --max-sessions-per-principal 1`: a caller who has a call (its session) calls again.
+    The second call's session is refused and the caller heard silence; now they hear why."""
+    from chatrun.server.sessions import SessionSettings
+
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
+    (tmp_path / "bot.yaml").write_text(BOT)
+    (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators]}}\n")
+    fake.queue({"chunks": ["Hello ", "there."]})
+    app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
+                             auth=str(tmp_path / "auth.yaml"), sessions=SessionSettings(max_sessions_per_principal=1))
+    with TestClient(app) as client:
+        heard_by_call = []
+        for call_sid in ("CA0001", "CA0002"):
+            with client.websocket_connect(relay_path(client, call_sid)) as ws:
+                ws.send_json(setup(call_sid))
+                ws.send_json(prompt("Hello?"))
+                heard_by_call.append("".join(reply(ws)[0]))
+    assert heard_by_call == ["Hello there.", BUILTIN["en"]["channel_too_many_sessions"].replace("{limit}", "1")]
+    assert len(fake.requests) == 1
+
+
 def test_a_prompt_in_parts_is_refused_once_its_parts_are_over_max_message_chars(tmp_path, fake, monkeypatch,
                                                                                  caplog):
     """`last: false` parts were joined without limit until the prompt's end: they are refused as

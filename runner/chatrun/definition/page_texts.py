@@ -144,6 +144,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         # A messaging platform's user who pressed a button of a question answered before: nothing is decided.
         "channel_answered": "That question was answered already, so the button did nothing. "
                             "Please answer the latest question.",
+        # A messaging platform's user whose new conversation the server refused: they own
+        # --max-sessions-per-principal sessions already (`limit`). Nothing is kept.
+        "channel_too_many_sessions": "Sorry, you have as many open conversations with this assistant as it "
+                                     "allows ({limit}), so I cannot start a new one. Please go on in one you "
+                                     "already have; nothing of this message was kept.",
         # A messaging platform's user who edited a message sent before: no turn runs (edits are not read).
         "channel_edited": "I do not read edited messages, so your edit changed nothing. "
                           "Please send the message again.",
@@ -353,6 +358,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "Leider konnte ich Ihre Datei nicht lesen. Bitte senden Sie sie noch einmal.",
         "channel_answered": "Diese Frage wurde schon beantwortet, der Knopf hat nichts bewirkt. "
                             "Bitte beantworten Sie die letzte Frage.",
+        "channel_too_many_sessions": "Entschuldigung, Sie haben so viele offene Unterhaltungen mit diesem Assistenten, wie er zulässt ({limit}), daher kann ich keine neue beginnen. Bitte setzen Sie eine bestehende fort; nichts von dieser Nachricht wurde gespeichert.",
         "channel_edited": "Bearbeitete Nachrichten lese ich nicht, Ihre Änderung hat nichts bewirkt. "
                           "Bitte senden Sie die Nachricht noch einmal.",
         "channel_too_long_one": "Leider ist Ihre Nachricht zu lang: Ich nehme Nachrichten mit bis zu {limit} Zeichen "
@@ -554,6 +560,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "channel_file_unreadable": "عذرًا، تعذّرت قراءة ملفك. يُرجى إرساله مرة أخرى.",
         "channel_answered": "تمت الإجابة عن هذا السؤال من قبل، لذا لم يفعل الزر شيئًا. "
                             "يُرجى الإجابة عن السؤال الأخير.",
+        "channel_too_many_sessions": "عذرًا، لديك من المحادثات المفتوحة مع هذا المساعد أقصى ما يسمح به ({limit})، لذا لا يمكنني بدء محادثة جديدة. يُرجى المتابعة في محادثة لديك بالفعل؛ لم يُحفظ شيء من هذه الرسالة.",
         "channel_edited": "لا أقرأ الرسائل المعدَّلة، لذا لم يغيّر تعديلك شيئًا. "
                           "يُرجى إرسال الرسالة مرة أخرى.",
         "channel_too_long_one": "عذرًا، رسالتك طويلة جدًا: الحد الأقصى لعدد الأحرف في الرسالة: {limit}. "

@@ -111,7 +111,17 @@ def exists(session_id: str) -> wire.RequestFailed:
     )
 
 
-def quota_refused(exc: SessionQuota) -> wire.RequestFailed:
+class QuotaRefused(wire.RequestFailed):
+    """A new session the store refused at its owner's --max-sessions-per-principal (HTTP 429,
+    `limit` the limit). Unlike a busy session's 429, another try of the same request is refused
+    again: a channel answers its platform and tells its user instead (channels/door.py)."""
+
+    def __init__(self, exc: SessionQuota):
+        super().__init__(wire.TOO_MANY_REQUESTS, str(exc))
+        self.limit = exc.limit
+
+
+def quota_refused(exc: SessionQuota) -> QuotaRefused:
     """What a new session the store refused at its owner's limit answers (HTTP 429): the one
     answer of every door that makes a session (a create, a /v1 conversation or fork, a channel's)."""
-    return wire.RequestFailed(wire.TOO_MANY_REQUESTS, str(exc))
+    return QuotaRefused(exc)

@@ -21,7 +21,7 @@ import httpx
 from chatrun import events as ev
 from chatrun.definition.catalogs import said_count
 from chatrun.definition.config import BotConfig, ChannelConfig
-from chatrun.definition.page_texts import builtin_locale, page_texts
+from chatrun.definition.page_texts import builtin_locale, page_texts, said
 from chatrun.definition.templates import CATALOGS_KEY, ENV
 from chatrun.errors import ChatrunError
 from chatrun.server.wire import channel_session_id
@@ -421,6 +421,17 @@ def too_long_notice(session: Session, limit: int, spoken: bool = False) -> str:
     if spoken:
         return texts["phone_too_long"]
     return said_count(texts, "channel_too_long", session.locale, limit, limit=local_number(str(limit), session.locale))
+
+
+def at_limit_notice(bot: BotConfig, wanted: str | None, limit: int) -> tuple[str, str | None]:
+    """What a user reads (a caller hears) when their new conversation is refused because they own
+    --max-sessions-per-principal sessions already, and its locale: chatrun's text
+    `channel_too_many_sessions` (a bot's `page.channel_too_many_sessions` replaces it), the limit
+    stated, in the declared locale that best matches the one the platform says (`wanted`), as a
+    session's would be: there is no session (making one is what was refused)."""
+    locale = bot.catalogs.negotiate(wanted) if bot.catalogs is not None else None
+    texts = page_texts(bot.catalogs, locale)
+    return said(texts, "channel_too_many_sessions", limit=local_number(str(limit), locale)), locale
 
 
 def media_type_of(value: Any, default: str = "application/octet-stream") -> str:

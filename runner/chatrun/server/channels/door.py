@@ -50,6 +50,7 @@ from chatrun.server.channels.base import (
     SendFailed,
     Unauthorized,
     Unreachable,
+    at_limit_notice,
     local_number,
     outgoing,
     pressed,
@@ -65,6 +66,7 @@ from chatrun.server.channels.twilio import Twilio, warn_withheld_entries
 from chatrun.server.channels.whatsapp import WhatsApp
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
+from chatrun.server.session_writes import QuotaRefused
 from chatrun.server.sessions import OPEN
 from chatrun.server.webhook import Attempt, unusable
 from chatrun.store import replays
@@ -369,8 +371,9 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
     if await replays.seen(store, f"{kind}:{inbound.delivery}", time.time()):
         # Its session was deleted (an erasure, retention) after the message ran there: the
         # delivery's mark (store/replays.py) stands for the outcome that went with it.
-        log.warning("channel %s of bot %s: refused delivery %s: it ran in a session since deleted (a replay?)",
-                    kind, bot, inbound.delivery)
+        # (Or it was refused at its user's session limit and they were told: `_told_at_limit`.)
+        log.warning("channel %s of bot %s: refused delivery %s: it was answered before, in a session since "
+                    "deleted or by the session limit's notice (a replay?)", kind, bot, inbound.delivery)
         return
     if inbound.sequence is not None and (scope := channel.sequence_scope()) is not None \
             and await replays.out_of_sequence(store, scope, inbound.sequence, time.time()):
@@ -386,10 +389,13 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
         # The platform's retry of the message that ran in the session before (its `end`, say),
         # delivered after the next message moved on: replayed there, not run again here.
         session_id = str(found["before"])
-    while (after := await _run(registry, channels, channel, bot, session_id, inbound)) is not None:
-        ended, session_id, inbound = session_id, session_after(session_id), after
-        # Deleted with the session it names: it keeps the chat's id (its key), which an erasure takes too.
-        await store.put_record(key, {"session": session_id, "before": ended}, session_id)
+    try:
+        while (after := await _run(registry, channels, channel, bot, session_id, inbound)) is not None:
+            ended, session_id, inbound = session_id, session_after(session_id), after
+            # Deleted with the session it names: it keeps the chat's id (its key), which an erasure takes too.
+            await store.put_record(key, {"session": session_id, "before": ended}, session_id)
+    except QuotaRefused as exc:  # a new conversation, its user at --max-sessions-per-principal
+        await _told_at_limit(channels, channel, store, inbound, exc)
     try:
         await channel.after(channels.client(), inbound)
     except ChatrunError as exc:  # a button's spinner left turning: nothing lost
@@ -447,6 +453,34 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
     except SessionError as exc:
         log.warning("channel %s of bot %s: delivery %s refused: %s", kind, bot, inbound.delivery, exc)
     return None
+
+
+async def _told_at_limit(channels: Channels, channel: ChannelKind, store: AsyncStore, inbound: Inbound,
+                         exc: QuotaRefused) -> None:
+    """A message that would start a new session, refused because its user owns
+    --max-sessions-per-principal sessions already: the platform gets its 200 (another try is
+    refused again) and the user is told why, once, in their language (chatrun's text
+    `channel_too_many_sessions`, which a bot's `page.channel_too_many_sessions` replaces). There
+    is no session to commit a notice in (making one is what was refused), so the delivery's
+    replay mark (store/replays.py `claim`, the mark a deleted session's deliveries leave) answers
+    it: the first try claims it and sends the text; a retry finds it (`_handle`'s first check)
+    and tells nothing. A text the platform refuses releases the mark and leaves the delivery to
+    the platform's retry (503), as a reply's failed send is retried by the outbox."""
+    request_id = f"{channel.kind}:{inbound.delivery}"
+    if not await replays.claim(store, request_id, time.time() + replays.WINDOW):
+        return  # another replica's try of the same delivery told them
+    text, locale = at_limit_notice(channel.bot, inbound.locale, exc.limit)
+    log.info("channel %s of bot %s: delivery %s: no new session: %s", channel.kind, channel.bot.name,
+             inbound.delivery, exc.message)
+    try:
+        for message in channel.fitted([Outgoing(text, locale=locale)]):
+            await channel.send(channels.client(), inbound.address, message)
+    except (ChatrunError, *UNUSABLE) as failed:  # SendFailed, an unset credential, an unusable `api:`
+        await store.delete_record(replays.key_of(request_id))
+        why = unusable(failed) if isinstance(failed, UNUSABLE) else str(failed)
+        raise wire.RequestFailed(wire.UNAVAILABLE, f"channel {channel.kind} of bot {channel.bot.name}: the "
+                                 f"session limit's notice could not be sent ({why}); the platform sends the "
+                                 "delivery again") from None
 
 
 def _carried(session: Session, inbound: Inbound) -> Inbound:

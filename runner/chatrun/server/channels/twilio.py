@@ -57,11 +57,13 @@ from chatrun.server.channels.base import (
     Outgoing,
     SendFailed,
     Unauthorized,
+    at_limit_notice,
     session_id_for,
     too_long_notice,
 )
 from chatrun.server.http import ERROR_RESPONSES
 from chatrun.server.plumbing import Registry
+from chatrun.server.session_writes import QuotaRefused
 from chatrun.server.sessions import OPEN
 from chatrun.store import replays
 
@@ -491,6 +493,8 @@ class Call:
                 await self.agree(session)
                 await self.say(too_long_notice(session, self.registry.channels.limits.max_message_chars,
                                                spoken=True))
+        except QuotaRefused as exc:
+            await self.at_limit(exc)
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:
             log.warning("channel twilio of bot %s: call %s: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
@@ -512,11 +516,19 @@ class Call:
                     self.digits = spoken.digits or missed.digits
                     handoff = self.handoff(session)
                 self.heard_through = session.turn_count
+        except QuotaRefused as exc:
+            await self.at_limit(exc)
         except (wire.RequestFailed, SessionError, ChatrunError) as exc:  # the caller hears silence, then may ask again
             log.warning("channel twilio of bot %s: call %s: a prompt refused: %s", self.bot, self.call_sid, exc)
         await self.say("", last=True)
         if handoff is not None:
             await self.send({"type": "end", "handoffData": json.dumps(handoff)})
+
+    async def at_limit(self, exc: QuotaRefused) -> None:
+        """The call's session refused: its caller owns --max-sessions-per-principal sessions
+        already. They hear why (`channel_too_many_sessions`, in the call's language), not silence."""
+        log.warning("channel twilio of bot %s: call %s: no session: %s", self.bot, self.call_sid, exc.message)
+        await self.say(at_limit_notice(self.channel.bot, self.locale, exc.limit)[0])
 
     async def catch_up(self, session: Any, spoken: Spoken) -> None:
         """Say what the turns the caller did not send said to them since the last they heard (a
