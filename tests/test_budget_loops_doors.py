@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import chatrun
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.auth import Auth
 from server_support import app_for_testclient
 
@@ -36,6 +37,7 @@ USER_BUDGET = "max_user_tokens: 1000"
 AUTH = Auth.from_mapping({"tokens": {"token-ana-123": {"principal": "ana"}}})
 LOOP = {"tool_calls": [{"name": "bump", "arguments": {}}],
         "usage": {"prompt_tokens": 390, "completion_tokens": 10, "total_tokens": 400}}
+BUDGET = SESSION_BUDGET  # the one the test runs with (the fixture `client` sets it)
 HELLO = {"text": "Hello.", "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
 
 
@@ -46,7 +48,8 @@ def model(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(params=[SESSION_BUDGET, USER_BUDGET], ids=["session-budget", "user-budget"])
-def client(request, fake, write_bot, tmp_path):
+def client(request, fake, write_bot, tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "BUDGET", request.param)
     fake.responder = model
     bot = chatrun.load_bot(write_bot(BOT.replace("LIMITS", request.param)))
     app = app_for_testclient([bot], f"sqlite:///{tmp_path / 's.db'}", auth=AUTH)
@@ -63,13 +66,19 @@ def loop_calls(fake) -> int:
     return sum(1 for body in fake.requests if "loop" in str(body["messages"]))
 
 
-def failed_with_budget(call) -> str:
-    """The message of the turn_failed a request ends with (what the user reads)."""
+TOLD = {  # what the user reads of a turn a budget ended: the session's cannot go on, the user's renews
+    SESSION_BUDGET: BUILTIN["en"]["session_budget_spent"],
+    USER_BUDGET: BUILTIN["en"]["user_budget_spent"].split("{renews}")[0],
+}
+
+
+def failed_with_budget(call) -> None:
+    """The request ends with a turn_failed whose message tells the user of the budget."""
     with pytest.raises(openai.InternalServerError) as failed:
         call()
     body = failed.value.body if isinstance(failed.value.body, dict) else {}
     assert body.get("code") == "turn_failed", body
-    return str(body.get("message"))
+    assert str(body.get("message")).startswith(TOLD[BUDGET]), body
 
 
 def test_v1_history_resent_a_loop_ends_at_the_budget_and_sending_it_again_or_moving_on_calls_no_model(client, fake):
@@ -118,5 +127,6 @@ def test_http_a_loop_ends_at_the_budget_and_the_next_message_calls_no_model(clie
         body = client.post("/bots/counter/sessions/s1/messages", json={"userMessage": text}, headers=ana).json()
         assert not body["ok"] and [e["type"] for e in body["events"]][-1] == "Error", body
         assert "past limits.max_" in body["events"][-1]["meta"]["detail"]
+        assert body["events"][-1]["data"].startswith(TOLD[BUDGET])
     assert loop_calls(fake) == 3 and len(fake.requests) == loop_calls(fake)
     assert client.get("/bots/counter/sessions/s1", headers=ana).json()["state"]["count"] == 0

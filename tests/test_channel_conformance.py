@@ -84,6 +84,7 @@ channels:
   teams: {{app_id: TEAMS_APP_ID, app_password: TEAMS_APP_PASSWORD, openid: "{{{{ env.BF }}}}/openid",
            token_url: "{{{{ env.BF }}}}/token", {RETRY}}}
 state: {{booked: 0, paid: 0, refunded: 0}}
+limits: {{max_session_tokens: 100000}}
 knowledge:
   guides: {{path: guides, url: "https://docs.example/{{path}}#{{anchor}}"}}
 guardrails:  # the output stage only: a platform is not saved by the store's redaction
@@ -663,6 +664,22 @@ def test_only_the_supervisor_approves_and_the_decision_reaches_the_user_on_the_p
     told = [m["content"] for m in chat.fake.requests[-1]["messages"] if m["role"] == "tool"]
     assert told[0] == "Refunded 80." and told[1].startswith(  # turn 4: the decision's (2 and 3 the waiting ones)
         "Already done earlier in this conversation (turn 4): Refunded 80. It was not run again"), told
+
+
+def test_a_model_that_loops_until_the_session_budget_is_spent_leaves_the_user_told_it_cannot_go_on(chat):
+    """The model calls a tool for ever, 40,000 tokens a call: the third call passes the session's
+    budget (100,000) and the fourth is not sent. A channel's conversation is one session for
+    good, so no message the user sends can go on: they read so (`session_budget_spent`), not
+    "please try again", and no later message calls the model."""
+    chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
+                                        "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
+    chat.user.say("hello")
+    wait_until(chat.user.replies, what="the reply to the loop")
+    assert len(chat.fake.requests) == 3
+    chat.user.say("hello again")
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the reply to the next message")
+    chat.settled()
+    assert chat.texts() == [PAGE_TEXTS["session_budget_spent"]] * 2 and len(chat.fake.requests) == 3
 
 
 @pytest.mark.parametrize("model", [{"raw": "<html>502 Bad Gateway</html>"},
