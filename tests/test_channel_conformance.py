@@ -83,7 +83,8 @@ channels:
   whatsapp: {{token: WA_TOKEN, app_secret: WA_SECRET, verify_token: WA_VERIFY, api: "{{{{ env.WA_API }}}}", {RETRY}}}
   teams: {{app_id: TEAMS_APP_ID, app_password: TEAMS_APP_PASSWORD, openid: "{{{{ env.BF }}}}/openid",
            token_url: "{{{{ env.BF }}}}/token", {RETRY}}}
-state: {{booked: 0}}
+state: {{booked: 0, paid: 0, refunded: 0}}
+limits: {{max_session_tokens: 100000}}
 knowledge:
   guides: {{path: guides, url: "https://docs.example/{{path}}#{{anchor}}"}}
 guardrails:  # the output stage only: a platform is not saved by the store's redaction
@@ -95,7 +96,7 @@ routes:
     system: You sell tickets.
     knowledge: {{sources: [guides], retrieve: auto}}  # a citation is of a passage the model was given
     choices: [Concert, {{label: Theatre tonight, value: theatre}}]
-    tools: [book]
+    tools: [book, pay, refund]
     attachments: {{kinds: [image/*], max_bytes: 5000, max_count: 2}}
 tools:
   book:
@@ -103,6 +104,19 @@ tools:
     parameters: {{type: object, properties: {{show: {{type: string}}}}, required: [show]}}
     confirm: "Book {{{{ args.show }}}}?"
     action: {{set: {{state.booked: "{{{{ state.booked + 1 }}}}"}}, reply: "Booked {{{{ args.show }}}}."}}
+  pay:
+    effect: once
+    description: Pay an amount.
+    parameters: {{type: object, properties: {{amount: {{type: number}}}}, required: [amount]}}
+    action: {{set: {{state.paid: "{{{{ state.paid + args.amount }}}}"}}, reply: "Paid {{{{ args.amount }}}}."}}
+  refund:
+    effect: once
+    description: Refund an amount (a supervisor approves).
+    parameters: {{type: object, properties: {{amount: {{type: number}}}}, required: [amount]}}
+    approval:
+      by: [supervisor]
+      ask: {{text: "Refund {{{{ args.amount }}}} EUR?", tell: "Your refund waits for a supervisor."}}
+    action: {{set: {{state.refunded: "{{{{ state.refunded + args.amount }}}}"}}, reply: "Refunded {{{{ args.amount }}}}."}}
 """
 
 
@@ -393,7 +407,8 @@ def chat(request, tmp_path, fake, monkeypatch) -> Iterator[Conversation]:
         (tmp_path / "guides" / "returns.md").write_text("# Returns\n\n## Refund window\n\nWithin 30 days.\n")
         (tmp_path / "auth.yaml").write_text("tokens: {op-token-123: {principal: olga, roles: [operators, outbox]}, "
                                             "max-token-123: {principal: max, roles: [operators]}, "
-                                            "dpo-token-123: {principal: dora, roles: [privacy]}}\n")
+                                            "dpo-token-123: {principal: dora, roles: [privacy]}, "
+                                            "sam-token-123: {principal: sam, roles: [supervisor]}}\n")
         app = app_for_testclient([str(tmp_path / "bot.yaml")], f"sqlite:///{tmp_path / 's.db'}",
                                  auth=str(tmp_path / "auth.yaml"))
         with TestClient(app) as client:
@@ -632,6 +647,80 @@ def test_the_models_own_consent_books_nothing_and_the_users_typed_yes_books_once
     chat.settled()
     assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["booked"] == 1
     assert chat.fake.pending == 0
+
+
+ALREADY_PAID = ("Already done earlier in this conversation (turn 1): Paid 30. It was not run again; do not call it "
+                "again for the same thing.")
+
+
+def test_a_once_payment_the_model_repeats_in_every_answer_and_turn_is_paid_once(chat):
+    """The model pays six times an answer, then repeats its calls, and pays six times again the
+    next turn: one payment, and the user reads the model's replies, never an error."""
+    pay = {"name": "pay", "arguments": {"amount": 30}}
+    chat.fake.queue({"unruly": "repeat_call", "call": pay, "times": 6}, {"unruly": "repeat_call"},
+                    {"text": "Paid."}, {"unruly": "repeat_call", "call": pay, "times": 6}, {"text": "Paid already."})
+    chat.user.say("pay 30")
+    wait_until(lambda: "Paid." in chat.texts(), what="the first reply")
+    chat.user.say("pay 30 again to be sure")
+    wait_until(lambda: "Paid already." in chat.texts(), what="the second reply")
+    chat.settled()
+    assert chat.texts() == ["Paid.", "Paid already."]
+    results = {m["tool_call_id"]: m["content"] for body in chat.fake.requests for m in body["messages"]
+               if m["role"] == "tool"}  # each call's result, as the model read it
+    assert len(results) == 24 and sorted(set(results.values())) == [ALREADY_PAID, "Paid 30."], results
+    assert list(results.values()).count("Paid 30.") == 1
+    assert chat.fake.pending == 0
+
+
+SAM = {"Authorization": "Bearer sam-token-123"}
+
+
+def test_only_the_supervisor_approves_and_the_decision_reaches_the_user_on_the_platform(chat):
+    """The model consents in its own arguments to a refund a supervisor approves: the user reads
+    the `tell`, never the supervisor's question and no buttons; the user's typed yes and a press
+    on a yes button of that item decide nothing (the user is not the approver). The supervisor
+    approves over HTTP: the refund runs once (the model's repeat after it, consenting again, is
+    answered as done), and the reply of that turn, which the user did not send, reaches them
+    on the platform."""
+    chat.fake.queue({"unruly": "self_confirm", "call": {"name": "refund", "arguments": {"amount": 80}}})
+    chat.user.say("refund my 80 EUR")
+    wait_until(chat.user.replies, what="the tell")
+    assert chat.user.replies() == [("Your refund waits for a supervisor.", [])]
+    chat.user.say("yes")
+    chat.user.press("yes#p1")
+    wait_until(lambda: len(chat.user.replies()) == 3, what="the answers to the yes and the press")
+    chat.settled()
+    assert not any("Refund 80" in text or "Refunded" in text for text in chat.texts()), chat.texts()
+    session = chat.client.get(chat.session(), headers=OPERATOR).json()
+    assert session["state"]["refunded"] == 0 and [p["id"] for p in session["pending"]] == ["p1"]
+    chat.fake.queue({"unruly": ["repeat_call", "self_confirm"]}, {"text": "Your refund of 80 EUR is done."})
+    decided = chat.client.post(f"{chat.session()}/pending/p1", json={"decision": "approve"}, headers=SAM)
+    assert decided.status_code == 200, decided.text
+    wait_until(lambda: "Your refund of 80 EUR is done." in chat.texts(), what="the decision on the platform")
+    chat.settled()
+    assert chat.client.get(chat.session(), headers=OPERATOR).json()["state"]["refunded"] == 80
+    waiting = "Still waiting: Your refund waits for a supervisor."
+    assert chat.user.replies() == [("Your refund waits for a supervisor.", []), (waiting, []), (waiting, []),
+                                   ("Your refund of 80 EUR is done.", ["Concert", "theatre"])]
+    told = [m["content"] for m in chat.fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert told[0] == "Refunded 80." and told[1].startswith(  # turn 4: the decision's (2 and 3 the waiting ones)
+        "Already done earlier in this conversation (turn 4): Refunded 80. It was not run again"), told
+
+
+def test_a_model_that_loops_until_the_session_budget_is_spent_leaves_the_user_told_it_cannot_go_on(chat):
+    """The model calls a tool for ever, 40,000 tokens a call: the third call passes the session's
+    budget (100,000) and the fourth is not sent. A channel's conversation is one session for
+    good, so no message the user sends can go on: they read so (`session_budget_spent`), not
+    "please try again", and no later message calls the model."""
+    chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
+                                        "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
+    chat.user.say("hello")
+    wait_until(chat.user.replies, what="the reply to the loop")
+    assert len(chat.fake.requests) == 3
+    chat.user.say("hello again")
+    wait_until(lambda: len(chat.user.replies()) == 2, what="the reply to the next message")
+    chat.settled()
+    assert chat.texts() == [PAGE_TEXTS["session_budget_spent"]] * 2 and len(chat.fake.requests) == 3
 
 
 @pytest.mark.parametrize("model", [{"raw": "<html>502 Bad Gateway</html>"},

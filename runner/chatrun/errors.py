@@ -140,6 +140,15 @@ class UserBudgetSpent(TurnFailed):
         self.page_args = {"renews": renews}
 
 
+class SessionBudgetSpent(TurnFailed):
+    """A model call would pass the session's budget (`limits.max_session_tokens`,
+    `max_session_cost`): the turn ends before it is sent, and no later turn of the session can
+    call the model. The user reads the page text `page_text` (in the session's locale): the
+    conversation cannot go on, not "please try again"; the author the message naming the limit."""
+
+    page_text = "session_budget_spent"
+
+
 class KnowledgeUnavailable(TurnFailed):
     """A route's knowledge index could not be built or read (a file where `.chatrun/` goes, a
     disk full, the shared PostgreSQL index down): the turn fails rather than letting the model

@@ -134,6 +134,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         # A route whose knowledge index cannot be built or read (chatrun.knowledge): no answer without it.
         "knowledge_unavailable": "Sorry, I cannot search my documents right now, so I will not guess an answer. Nothing of your message was kept; please try again later.",
         "user_budget_spent": "Sorry, you have used up what this assistant can spend on you for now. Nothing of your last message was kept; your budget renews at {renews}.",
+        "session_budget_spent": "Sorry, this conversation has used up what this assistant can spend on it, so it cannot go on. Nothing of your last message was kept.",
         "message_too_long": "Sorry, your message is too long for me to read. Nothing of it was kept; please shorten it or send it in parts.",
         "unreadable": "cannot read {name}",
         # A messaging platform's user whose files are not taken (server/channels/door.py): no turn runs.
@@ -350,6 +351,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "failed_after_effect": "Entschuldigung, Ihre letzte Nachricht konnte nicht bearbeitet werden und wurde nicht gespeichert, aber {tools} wurde ausgeführt: Bitte prüfen Sie das Ergebnis, bevor Sie erneut fragen.",
         "knowledge_unavailable": "Entschuldigung, ich kann meine Dokumente gerade nicht durchsuchen und rate deshalb keine Antwort. Nichts von Ihrer Nachricht wurde gespeichert; bitte versuchen Sie es später noch einmal.",
         "user_budget_spent": "Entschuldigung, Ihr Kontingent bei diesem Assistenten ist vorerst aufgebraucht. Nichts von Ihrer letzten Nachricht wurde gespeichert; Ihr Kontingent erneuert sich am {renews}.",
+        "session_budget_spent": "Entschuldigung, dieses Gespräch hat aufgebraucht, was dieser Assistent dafür ausgeben kann, und kann nicht weitergehen. Nichts von Ihrer letzten Nachricht wurde gespeichert.",
         "message_too_long": "Entschuldigung, Ihre Nachricht ist zu lang für mich. Nichts davon wurde gespeichert; bitte kürzen Sie sie oder senden Sie sie in Teilen.",
         "unreadable": "{name} kann nicht gelesen werden",
         "channel_no_files": "Leider kann ich hier keine Dateien annehmen. Bitte schreiben Sie Ihre Nachricht als Text.",
@@ -552,6 +554,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "failed_after_effect": "عذرًا، تعذّرت معالجة رسالتك الأخيرة ولم تُحفظ، لكن {tools} نُفِّذ: يُرجى التحقق مما حدث قبل أن تطلب مرة أخرى.",
         "knowledge_unavailable": "عذرًا، لا يمكنني البحث في مستنداتي الآن، لذلك لن أخمّن إجابة. لم يُحفظ شيء من رسالتك؛ يُرجى المحاولة مرة أخرى لاحقًا.",
         "user_budget_spent": "عذرًا، لقد استنفدت حصتك لدى هذا المساعد في الوقت الحالي. لم يُحفظ شيء من رسالتك الأخيرة؛ تتجدد حصتك في {renews}.",
+        "session_budget_spent": "عذرًا، استنفدت هذه المحادثة ما يمكن لهذا المساعد إنفاقه عليها، فلا يمكن متابعتها. لم يُحفظ شيء من رسالتك الأخيرة.",
         "message_too_long": "عذرًا، رسالتك أطول من أن أقرأها. لم يُحفظ شيء منها؛ يُرجى اختصارها أو إرسالها على أجزاء.",
         "unreadable": "تعذّرت قراءة {name}",
         "channel_no_files": "عذرًا، لا يمكنني استلام الملفات هنا. يُرجى إرسال رسالتك نصًا.",

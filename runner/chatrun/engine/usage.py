@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from chatrun.definition.config import Limits, Price
-from chatrun.errors import TurnFailed, UserBudgetSpent
+from chatrun.errors import SessionBudgetSpent, TurnFailed, UserBudgetSpent
 from chatrun.memory.tokens import TokenCounter
 from chatrun.messages import Message
 
@@ -124,19 +124,18 @@ class UserSpent:
 def check_budgets(limits: Limits, turn: Usage, session: Usage, next_input: int, price: Price | None,
                   route: str, spent: UserSpent | None = None) -> None:
     """Refuse the next model call when it would pass a budget (counting the tokens it sends)."""
-    checks: list[tuple[str, float | None, float, str]] = [
-        ("max_turn_tokens", limits.max_turn_tokens, turn.tokens + next_input, "this turn"),
-        ("max_session_tokens", limits.max_session_tokens, session.tokens + turn.tokens + next_input, "this session"),
-    ]
+    session_tokens, session_cost = session.tokens + turn.tokens, (session.cost or 0.0) + (turn.cost or 0.0)
     next_cost = cost_of(Usage(input_tokens=next_input), price) or 0.0
-    checks += [
-        ("max_turn_cost", limits.max_turn_cost, (turn.cost or 0.0) + next_cost, "this turn"),
-        ("max_session_cost", limits.max_session_cost, (session.cost or 0.0) + (turn.cost or 0.0) + next_cost,
-         "this session"),
+    checks: list[tuple[str, float | None, float, str, type[TurnFailed]]] = [
+        ("max_turn_tokens", limits.max_turn_tokens, turn.tokens + next_input, "this turn", TurnFailed),
+        ("max_session_tokens", limits.max_session_tokens, session_tokens + next_input, "this session",
+         SessionBudgetSpent),
+        ("max_turn_cost", limits.max_turn_cost, (turn.cost or 0.0) + next_cost, "this turn", TurnFailed),
+        ("max_session_cost", limits.max_session_cost, session_cost + next_cost, "this session", SessionBudgetSpent),
     ]
-    for name, budget, projected, whose in checks:
+    for name, budget, projected, whose, error in checks:
         if budget is not None and projected > budget:
-            raise TurnFailed(_past(route, whose, name, budget, projected))
+            raise error(_past(route, whose, name, budget, projected))
     if spent is not None:
         _check_user(limits, turn, spent, next_input, next_cost, route)
 
