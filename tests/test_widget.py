@@ -282,3 +282,36 @@ def test_a_plain_widget_greeting_in_a_bot_with_locales_is_warned_of_and_a_transl
             frame = client.get("/widget/travel/frame", params={"origin": SITE},
                                headers={"Referer": SITE + "/", "Accept-Language": language})
             assert html.escape(json.dumps(greeting), quote=True) in frame.text
+
+
+def test_a_plain_widget_title_in_a_bot_with_locales_is_warned_of_and_a_translated_one_follows_the_visitor(tmp_path):
+    """`widget.title` (the panel's header, the launcher's label) follows the greeting's rule: in a
+    bot with `locales:` `chatrun validate` warns of a plain one at its line (it was shown as written
+    in every locale, unwarned), and one written `{{ t('key') }}` is the visitor's language in the
+    config and in the panel; without a title, the bot's translated `description` is shown rendered
+    (it was shown as its template source)."""
+    (tmp_path / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    (tmp_path / "locales").mkdir()
+    (tmp_path / "locales" / "en.yaml").write_text("title: Travel help\nabout: Plans trips.\ngreeting: Where to?\n")
+    (tmp_path / "locales" / "de.yaml").write_text("title: Reisehilfe\nabout: Plant Reisen.\ngreeting: Wohin?\n")
+    bilingual = (BOT.replace("name: travel\n", "name: travel\nlocales: [en, de]\n")
+                 .replace("description: Plans trips.", "description: \"{{ t('about') }}\"")
+                 .replace("greeting: Where to?", "greeting: \"{{ t('greeting') }}\""))
+    path = tmp_path / "bot.yaml"
+    path.write_text(bilingual)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert f"{path}:7:3: warning: `widget.title` is sent to the user untranslated: the bot declares " \
+           "`locales:`, so write it as `{{ t('key') }}` with the key in each catalog (docs/i18n.md)" in result.output
+    path.write_text(bilingual.replace("title: Travel help", "title: \"{{ t('title') }}\""))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+    untitled = bilingual.replace("  title: Travel help\n", "")
+    for text, titles in ((path.read_text(), ("Reisehilfe", "Travel help")), (untitled, ("Plant Reisen.", "Plans trips."))):
+        path.write_text(text)
+        with TestClient(create_app([chatrun.load_bot(path)]), base_url="http://127.0.0.1:8000") as client:
+            for language, title in zip(("de-DE,de;q=0.9", "en-US"), titles, strict=True):
+                config = client.get("/widget/travel/config", headers={"Origin": SITE, "Accept-Language": language})
+                assert config.json()["title"] == title
+                frame = client.get("/widget/travel/frame", params={"origin": SITE},
+                                   headers={"Referer": SITE + "/", "Accept-Language": language})
+                assert html.escape(json.dumps(title), quote=True) in frame.text

@@ -1303,7 +1303,7 @@ class _Checker:
 
     def display_texts(self) -> None:
         """The texts the page shows end users outside the conversation: the bot's `description:`,
-        each route's `title:` and the widget's `greeting:`; in a bot with `locales:`, templates that
+        each route's `title:` and the widget's `title:` and `greeting:`; in a bot with `locales:`, templates that
         see `t()` and `locale` only, warned of when plain (as a channel's greeting is: said).
         An operator's `canned:` replies see the same (the operator page renders them apart from a turn)."""
         for name, text in self.config.canned.items():
@@ -1314,9 +1314,10 @@ class _Checker:
             self.template(self.config.description, "the bot's `description`", ("description",), None,
                           variables=DISPLAY_VARIABLES)
         widget = self.config.widget
-        if widget is not None and widget.greeting:  # the panel's first bubble (server/widget.py)
-            self.template(widget.greeting, "`widget.greeting`", ("widget", "greeting"), None,
-                          variables=DISPLAY_VARIABLES, said=True)
+        for field in ("title", "greeting") if widget is not None else ():  # the panel's (server/widget.py)
+            if getattr(widget, field):
+                self.template(getattr(widget, field), f"`widget.{field}`", ("widget", field), None,
+                              variables=DISPLAY_VARIABLES, said=True)
         for route in self.config.routes.values():
             if route.title:
                 self.template(route.title, f"`title` of route `{route.name}`", ("routes", route.name, "title"), None,

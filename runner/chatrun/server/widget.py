@@ -81,8 +81,7 @@ async def widget_config(bot: str, request: Request, registry: Registry) -> JSONR
     base = str(request.base_url).rstrip("/")
     body = {
         "bot": bot,
-        "title": widget.title or found.config.description or bot,
-        "greeting": _greeting(found, widget, request),
+        **_shown_texts(found, widget, request),
         "color": widget.color,
         "position": widget.position,
         "identity": widget.identity,
@@ -105,10 +104,13 @@ def _launcher_texts(bot: Any, request: Request) -> dict[str, str]:
     return {key: texts[f"widget_{key}"] for key in ("open", "close", "unread")}
 
 
-def _greeting(bot: Any, widget: WidgetConfig, request: Request) -> str:
-    """`widget.greeting` in the visitor's language: its `t()` rendered as a route's `title:` is
-    (a text shown apart from any conversation; checks.py `display_texts` warns of a plain one)."""
-    return display_text(widget.greeting, bot.config.catalogs, _locale(bot, request))
+def _shown_texts(bot: Any, widget: WidgetConfig, request: Request) -> dict[str, str]:
+    """`widget.title` (the bot's `description`, else its name) and `widget.greeting` in the
+    visitor's language: their `t()` rendered as a route's `title:` is (texts shown apart from any
+    conversation; checks.py `display_texts` warns of a plain one)."""
+    catalogs, locale = bot.config.catalogs, _locale(bot, request)
+    return {"title": display_text(widget.title or bot.config.description, catalogs, locale) or bot.config.name,
+            "greeting": display_text(widget.greeting, catalogs, locale)}
 
 
 def _logo_url(base: str, bot: str, widget: WidgetConfig) -> str:
@@ -131,7 +133,7 @@ async def widget_frame(bot: str, request: Request, registry: Registry) -> HTMLRe
         return HTMLResponse(text, status_code=403, headers={"Cache-Control": "no-cache"})
     # The chat page as site.py makes it (its texts in the visitor's locale), with the widget's parts added.
     page = bytes(_page(bot, found, request, "user").body).decode()  # an end user's page (h-page's modes)
-    data = {"title": widget.title or found.config.description or bot, "greeting": _greeting(found, widget, request),
+    data = {**_shown_texts(found, widget, request),
             "color": widget.color, "logo": _logo_url(str(request.base_url).rstrip("/"), bot, widget),
             "origin": origin}
     page = page.replace("</head>", f"{_frame_head()}</head>", 1)

@@ -337,18 +337,33 @@
 
   function savePrefs() {
     localStorage.setItem(PREFS_KEY, JSON.stringify(prefs));
-    $("notify").setAttribute("aria-pressed", String(Boolean(prefs.notify)));
-    $("notify-word").textContent = tx(prefs.notify ? "op_notifying" : "op_notify");
+    showNotify();
     $("sound").checked = Boolean(prefs.sound);
+  }
+
+  // Notify me's states and their words: the browser blocks this site's notifications (asked and
+  // refused, or refused in its settings, as it is when the page loads) or has none at all: no alert
+  // comes, and the button says so, on a phone too (its word hidden there: an icon with a slash and
+  // a short visible badge, aria-hidden, so a screen reader hears the state once, as its name).
+  const NOTIFY_WORDS = { on: "op_notifying", off: "op_notify", blocked: "op_notify_blocked", none: "op_notify_none" };
+  let notifyTried = false; // "none" is said once Notify me was pressed (a browser without notifications)
+
+  function showNotify() {
+    const permission = window.Notification ? Notification.permission : null;
+    const state = permission === "denied" ? "blocked" : !permission && notifyTried ? "none"
+      : prefs.notify && permission === "granted" ? "on" : "off";
+    $("notify").dataset.state = state;
+    $("notify").setAttribute("aria-pressed", String(state === "on"));
+    $("notify-word").textContent = tx(NOTIFY_WORDS[state]);
   }
 
   $("notify").addEventListener("click", async () => {
     if (prefs.notify) { prefs.notify = false; return savePrefs(); }
-    if (!window.Notification) { $("notify-word").textContent = tx("op_notify_none"); return; }
+    notifyTried = true;
+    if (!window.Notification) return showNotify();
     const answer = Notification.permission === "granted" ? "granted" : await Notification.requestPermission();
     prefs.notify = answer === "granted";
     savePrefs();
-    if (answer === "denied") $("notify-word").textContent = tx("op_notify_blocked");
   });
   $("sound").addEventListener("change", () => { prefs.sound = $("sound").checked; savePrefs(); if (prefs.sound) chime(); });
 
