@@ -60,6 +60,7 @@ from chatrun.store.record import (
 
 if TYPE_CHECKING:
     from chatrun.store.billing import RecordJournal
+    from chatrun.store.lease import Lease
 
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
@@ -105,7 +106,7 @@ class Conversation:
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
                  "remembered", "unknown", "retry", "unscreened", "moved_by", "user_spent", "billed", "journal",
-                 "record_read")
+                 "record_read", "lease")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -173,6 +174,9 @@ class Conversation:
         self.billed: str | None = None
         self.journal: RecordJournal | None = None
         self.record_read = False  # this live copy read its usage record (engine/turn.py `open_attempt`)
+        # The lease of the request about to run a turn (the server's SessionOpener.ready), taken by
+        # its first attempt: a store that read the usage record with it spares that attempt the read.
+        self.lease: Lease | None = None
 
     # -- starting and resuming ---------------------------------------------------------
 

@@ -82,6 +82,7 @@ from chatrun.store.record import (
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
     from chatrun.engine.bot import Bot
+    from chatrun.store.lease import Lease
 
 log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | Decision | None
@@ -397,6 +398,12 @@ class Session:
         sessions: store/billing.py), so a process killed before the turn's commit loses none of
         what was billed; the next attempt counts it once."""
         self._c.journal = journal
+
+    def held_with(self, lease: Lease) -> None:
+        """The lease the request about to use the session holds (a server's): the usage record
+        a store read with it (Redis, PostgreSQL) is what the request's first attempt counts, no
+        read of its own; a later attempt of the same request reads the store."""
+        self._c.lease = lease
 
     @property
     def closed(self) -> bool:

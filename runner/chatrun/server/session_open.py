@@ -175,6 +175,8 @@ class SessionOpener:
             # the live session's own version: whose `operator:` roles may step in
             if not reaches(request.reach, request.principal, record, slot.session.bot, self._versions(request.bot)):
                 raise not_found(request.session_id)
+        if slot.session is not None:  # its turn's first attempt takes the usage record read with the lease
+            slot.session.held_with(lease)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         record = await self._load(request.session_id)

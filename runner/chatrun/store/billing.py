@@ -10,7 +10,9 @@ at the commit) and deleted with its session.
 
 The session's snapshot says which attempt its usage counts last (`billed`, engine/conversation.py):
 a record naming another attempt is of attempts that never committed (`unfinished`). The next
-attempt of the session reads the record before its first model call, counts those attempts in
+attempt of the session reads the record before its first model call (on Redis and PostgreSQL
+the store read it with the request's lease, in the round trip that granted it: `Lease.usage_record`;
+a live copy in the one process of SQLite reads it once), counts those attempts in
 the session's budgets, and its commit (or its failed record) counts them once, each as a failed
 attempt of the history (`unfinished: true`); `chatrun report` counts a record nobody took up yet.
 """
@@ -20,8 +22,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from chatrun.store.record import from_json
+
 if TYPE_CHECKING:
     from chatrun.store.aio import AsyncStore
+    from chatrun.store.lease import Lease
 
 log = logging.getLogger("chatrun.store")
 
@@ -61,9 +66,13 @@ class RecordJournal:
         # once knows every later one, its own process writing them (engine/turn.py `open_attempt`).
         self.local = not store.distributed
 
-    async def read(self, session_id: str) -> dict[str, Any] | None:
-        """The session's usage record, or None (also when the store cannot be read: logged)."""
+    async def read(self, session_id: str, lease: Lease | None = None) -> dict[str, Any] | None:
+        """The session's usage record, or None (also when the store cannot be read: logged): the
+        one the store read with `lease` when it did (Redis, PostgreSQL: no round trip of its own),
+        else read now."""
         try:
+            if lease is not None and lease.usage_read:
+                return None if lease.usage_record is None else from_json(lease.usage_record)
             return await self.store.get_record(key_of(session_id))
         except Exception as exc:  # the turn goes on; its commit still counts its own calls
             log.warning("session %s: the record of earlier attempts' usage could not be read: %s", session_id, exc)

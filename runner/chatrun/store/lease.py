@@ -13,13 +13,18 @@ from dataclasses import dataclass
 @dataclass
 class Lease:
     """The right to run one request on a session. `version`: the stored version when it was
-    granted (None: no such session). `lost`: it expired before the request ended."""
+    granted (None: no such session). `lost`: it expired before the request ended. `usage_read`:
+    the store read the session's usage record (store/billing.py) in the same round trip that
+    granted the lease, after granting it; `usage_record` is its JSON text (None: no record), which
+    the request's first attempt takes instead of reading the store (engine/turn.py `open_attempt`)."""
 
     session_id: str
     token: str | None
     version: str | None
     lost: bool = False
     renewer: asyncio.Task[None] | None = None
+    usage_read: bool = False
+    usage_record: str | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from chatrun.errors import ChatrunError
 from chatrun.messages import Attachment, message_from_dict
 from chatrun.store import user_records
+from chatrun.store.billing import key_of as usage_key
 from chatrun.store.blobs import (
     BLOB_PARAMETERS,
     DEFAULT_MAX_FOLDER_BLOB_BYTES,
@@ -224,9 +225,9 @@ class PostgresStore:
         pause = 0.002
         try:
             while True:
-                granted, detail = await self._try_acquire(session_id, token, reject)
+                granted, detail, usage = await self._try_acquire(session_id, token, reject)
                 if granted:
-                    lease = Lease(session_id, token, detail or None)
+                    lease = Lease(session_id, token, detail or None, usage_read=True, usage_record=usage)
                     lease.renewer = asyncio.ensure_future(self._keep(lease))
                     return lease
                 if detail == "-1":
@@ -243,13 +244,22 @@ class PostgresStore:
                 await asyncio.shield(self._leave(session_id, token))
             raise
 
-    async def _try_acquire(self, session_id: str, token: str, reject: bool) -> tuple[bool, str]:
-        """One look at the session's lease and queue (postgres_schema's chatrun_acquire, in one
-        round trip): (granted, version) or (False, queue rank), (False, "-1") busy with `reject`."""
-        row = await self._one(f"take the lease on session {session_id}", "SELECT chatrun_acquire(%s, %s, %s, %s, %s)",
-                              (session_id, token, self.settings.ttl * 1000, WAITER_TTL_MS, reject))
-        granted, detail = row[0]
-        return granted == "1", str(detail)
+    async def _try_acquire(self, session_id: str, token: str, reject: bool) -> tuple[bool, str, str | None]:
+        """One look at the session's lease and queue (postgres_schema's chatrun_acquire), and once
+        granted its usage record (store/billing.py), read after the grant: both statements in one
+        round trip (a pipeline). (granted, version, the record's text or None) or (False, queue
+        rank, None), (False, "-1", None) busy with `reject`."""
+        async with self._tx(f"take the lease on session {session_id}") as conn:
+            async with conn.pipeline():
+                acquired = await conn.execute("SELECT chatrun_acquire(%s, %s, %s, %s, %s)",
+                                              (session_id, token, self.settings.ttl * 1000, WAITER_TTL_MS, reject))
+                # Only if the lease is now this token's (the function's write, in this transaction).
+                recorded = await conn.execute("SELECT r.record FROM records r WHERE r.key = %s AND EXISTS "
+                                              "(SELECT 1 FROM leases l WHERE l.session_id = %s AND l.token = %s)",
+                                              (usage_key(session_id), session_id, token))
+            granted, detail = (await acquired.fetchone())[0]
+            row = await recorded.fetchone()
+        return granted == "1", str(detail), None if row is None else row[0]
 
     async def _wait_for_release(self, session_id: str, pause: float) -> None:
         """Sleep `pause` seconds, or less: until a release of the session's lease is announced

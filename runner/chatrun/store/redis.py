@@ -68,6 +68,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from chatrun.errors import ChatrunError
 from chatrun.messages import message_from_dict
 from chatrun.store import user_records
+from chatrun.store.billing import key_of as usage_key
 from chatrun.store.blobs import BLOB_PARAMETERS
 from chatrun.store.lease import Lease, LeaseSettings
 from chatrun.store.record import (
@@ -106,7 +107,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = ARGV[1]
 local holder = redis.call('GET', KEYS[1])
-if holder == token then return {1, redis.call('HGET', KEYS[5], 'v') or ''} end
+if holder == token then return {1, redis.call('HGET', KEYS[5], 'v') or '', redis.call('GET', KEYS[6])} end
 while true do
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not head or head == token then break end
@@ -127,7 +128,7 @@ if not holder and redis.call('ZRANGE', KEYS[2], 0, 0)[1] == token then
   redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[4], token)
-  return {1, redis.call('HGET', KEYS[5], 'v') or ''}
+  return {1, redis.call('HGET', KEYS[5], 'v') or '', redis.call('GET', KEYS[6])}
 end
 return {0, redis.call('ZRANK', KEYS[2], token)}
 """
@@ -526,16 +527,17 @@ class RedisStore:
     async def acquire(self, session_id: str, wait: float, reject: bool = False,
                       stop: Callable[[], bool] | None = None) -> Lease:
         token = secrets.token_hex(12)
-        keys = [self._key(k, session_id) for k in ("l", "q", "qn", "qa", "s")]
+        # The session's usage record (store/billing.py) comes back with the lease: its turn needs no read of it.
+        keys = [*(self._key(k, session_id) for k in ("l", "q", "qn", "qa", "s")), f"{self.prefix}rec:{usage_key(session_id)}"]
         ttl_ms = int(self.settings.ttl * 1000)
         args: list[str | int] = [token, ttl_ms, WAITER_TTL_MS, "1" if reject else "0", QUEUE_KEYS_TTL_MS]
         deadline = time.monotonic() + wait
         pause = 0.002
         try:
             while True:
-                granted, detail = await self._acquire(keys=keys, args=args)
+                granted, detail, *usage = await self._acquire(keys=keys, args=args)
                 if granted == 1:
-                    lease = Lease(session_id, token, detail or None)
+                    lease = Lease(session_id, token, detail or None, usage_read=True, usage_record=usage[0] if usage else None)
                     lease.renewer = asyncio.ensure_future(self._keep(lease))
                     return lease
                 if detail == -1:
