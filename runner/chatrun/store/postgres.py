@@ -158,29 +158,37 @@ class PostgresStore:
                     raise ChatrunError(f"store {self.url}: cannot reach PostgreSQL: {str(exc).strip()}") from None
                 pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections, open=False,
                                            check=AsyncConnectionPool.check_connection, timeout=30,
-                                           kwargs={"connect_timeout": 5})
+                                           configure=_autocommit, kwargs={"connect_timeout": 5})
                 await pool.open(wait=False)
                 self._pool = pool
         return self._pool
 
     @contextlib.asynccontextmanager
-    async def _tx(self, what: str) -> AsyncIterator[Any]:
-        """A connection inside one transaction (committed at the end, rolled back on an error)."""
+    async def _conn(self, what: str) -> AsyncIterator[Any]:
+        """A connection of the pool (autocommit: one statement is its own transaction, sent in one
+        round trip, where BEGIN, the statement and COMMIT took three)."""
         import psycopg
 
         pool = await self._ready_pool()
         try:
-            async with pool.connection() as conn, conn.transaction():
+            async with pool.connection() as conn:
                 yield conn
         except psycopg.Error as exc:
             raise ChatrunError(f"store {self.url}: could not {what}: {exc}") from None
 
+    @contextlib.asynccontextmanager
+    async def _tx(self, what: str) -> AsyncIterator[Any]:
+        """A connection inside one transaction (committed at the end, rolled back on an error)."""
+        async with self._conn(what) as conn, conn.transaction():
+            yield conn
+
     async def _one(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
-        async with self._tx(what) as conn:
+        """One statement's first row: atomic as any statement is, without a transaction around it."""
+        async with self._conn(what) as conn:
             return await (await conn.execute(sql, params)).fetchone()
 
     async def _all(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
-        async with self._tx(what) as conn:
+        async with self._conn(what) as conn:
             return list(await (await conn.execute(sql, params)).fetchall())
 
     async def ping(self) -> None:
@@ -249,8 +257,8 @@ class PostgresStore:
         granted its usage record (store/billing.py), read after the grant: both statements in one
         round trip (a pipeline). (granted, version, the record's text or None) or (False, queue
         rank, None), (False, "-1", None) busy with `reject`."""
-        async with self._tx(f"take the lease on session {session_id}") as conn:
-            async with conn.pipeline():
+        async with self._conn(f"take the lease on session {session_id}") as conn:
+            async with conn.pipeline():  # in one implicit transaction: the read sees the grant
                 acquired = await conn.execute("SELECT chatrun_acquire(%s, %s, %s, %s, %s)",
                                               (session_id, token, self.settings.ttl * 1000, WAITER_TTL_MS, reject))
                 # Only if the lease is now this token's (the function's write, in this transaction).
@@ -696,6 +704,11 @@ async def _move_tallies(conn: Any, old: list[tuple[str, str, int]], new: list[tu
 async def _save_entry(conn: Any, entry: OutboxEntry) -> None:
     await conn.execute("UPDATE outbox SET state = %s, due = %s, claim = %s, entry = %s WHERE id = %s",
                        (entry.state, entry.due, entry.claim, entry.to_json(), entry.id))
+
+
+async def _autocommit(conn: Any) -> None:
+    """The pool's connections run each statement as its own transaction; `_tx` opens one for more."""
+    await conn.set_autocommit(True)
 
 
 async def migrate(conn: Any, shown: str) -> None:
