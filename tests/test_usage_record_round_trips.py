@@ -7,6 +7,7 @@ write after the model call, the commit, the release; no read of the record of it
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -75,3 +76,50 @@ def test_a_plain_turn_reads_the_usage_record_with_its_lease_and_asks_nothing_mor
     assert turn == ["acquire", "put_record", "commit_turn", "release"]
     assert record["turn"] == 2 and "earlier" not in record
     assert session["usage"]["calls"] == 2 and [e["ok"] for e in session["history"]] == [True, True]
+
+
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_postgresql_sends_a_one_statement_call_without_begin_and_commit(postgres_server, monkeypatch):
+    """The pool's connections autocommit: taking a lease (with its usage record, one pipeline),
+    writing a record and giving the lease back are sent without BEGIN and COMMIT around them (three
+    round trips where one does), and the lease still brings the record written under the last one."""
+    import asyncio
+
+    import psycopg
+
+    from chatrun.store.postgres import PostgresStore
+
+    began: list[str] = []
+    transaction, execute = psycopg.AsyncConnection.transaction, psycopg.AsyncConnection.execute
+
+    def noted(self, *args, **kwargs):
+        began.append("BEGIN")
+        return transaction(self, *args, **kwargs)
+
+    async def sent(self, query, *args, **kwargs):
+        if not self.autocommit:  # psycopg sends BEGIN before a statement, and the pool COMMIT after it
+            began.append(f"implicit BEGIN: {str(query)[:40]}")
+        return await execute(self, query, *args, **kwargs)
+
+    async def calls() -> tuple[list[str], str | None]:
+        store = PostgresStore(postgres_server.url())
+        try:
+            await store.put_record("warm", {"up": True})  # the pool opened and the schema migrated first
+            monkeypatch.setattr(psycopg.AsyncConnection, "transaction", noted)
+            monkeypatch.setattr(psycopg.AsyncConnection, "execute", sent)
+            lease = await store.acquire("s", 5.0)
+            await store.put_record("usage:s", {"turn": 1}, "s")
+            await store.release(lease)
+            again = await store.acquire("s", 5.0)
+            await store.release(again)
+            return list(began), again.usage_record
+        finally:
+            monkeypatch.undo()
+            await store.close()
+
+    began_by_calls, held = asyncio.run(calls())
+    assert began_by_calls == []
+    assert held is not None and json.loads(held) == {"turn": 1}
