@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,12 +295,16 @@ def older_spellings(migrations: list[MigrationConfig], tagged: str, tool: str, a
                     acted_on: dict[str, Any]) -> list[str]:
     """The identities (engine/once.py) a call of the newest version has as an older version
     spells it: the version tagged `tagged` (its tool, arguments and `requires` paths renamed back
-    through the migrations from that version on), or, untagged (an entry recorded before entries
-    said their version) or of a version no migration's `from:` names, as each version along the
-    migrations spells it. Pure: nothing is read or written."""
-    version = once.version_of(tagged)
+    through the migrations from that version on); marked by a move as that version or an earlier
+    one (once.dated), as each of those spells it; untagged (an entry recorded before entries said
+    their version, of a session whose version is not known) or of a version no migration's `from:`
+    names, as each version along the migrations spells it. Pure: nothing is read or written."""
+    version, or_earlier = once.version_of(tagged)
     named = [i for i, m in enumerate(migrations) if version is not None and m.applies_to(version)][:1]
-    starts = named or range(len(migrations) + 1)  # untagged, or a version no migration names: any of them
+    if not named:  # untagged, or a version no migration names: any of them
+        starts: Iterable[int] = range(len(migrations) + 1)
+    else:
+        starts = range(named[0] + 1) if or_earlier else named
     spelled = []
     for i in starts:
         old_tool, old_args = spelled_before(tuple(migrations[i:]), tool, args)

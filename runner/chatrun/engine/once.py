@@ -19,9 +19,17 @@ A migration never rewrites the record. A call the newest version makes is looked
 identity as this version spells it (one search); only when none matches and the record holds
 entries of other versions is it spelled as each of those spells it (engine/migrate.py
 `older_spellings`: tool, arguments and `requires` paths renamed back) and looked for again. So an
-entry of any age matches — an untagged one, recorded before entries said their version, under any
-older spelling — and a `/v1` fork that carries entries its original recorded under the new
-version, then moves itself, does not rename them a second time (tests/test_versions_once.py).
+entry of any age matches, and a `/v1` fork that carries entries its original recorded under the
+new version, then moves itself, does not rename them a second time (tests/test_versions_once.py).
+
+An entry recorded before entries said their version (the last release's: untagged) was spelled by
+the version the session ran when it was recorded. The release that wrote it never rewrote the
+record on a move, so that is the version the session left when this release first moves it, or
+one before it (a move under the last release left older entries as they were): the move marks
+such an entry `~<=<version>` (`dated`), and it is matched under the spelling of that version and
+of the ones before it along the migrations, never of a later one (after a swap `{a: b, b: a}` the
+other tool's call is not the call done). An untagged entry of a session whose version is not known
+(moved from a lost version, or stored before versions) is matched under every version's spelling.
 """
 
 from __future__ import annotations
@@ -72,9 +80,25 @@ def tag(version: str | None) -> str:
     return "~" + quote(version, safe="") if version else ""
 
 
-def version_of(tagged: str) -> str | None:
-    """The version a tag names (None: untagged)."""
-    return unquote(tagged[1:]) if tagged else None
+_OR_EARLIER = "~<="  # the tag of an untagged entry marked by a move: that version, or one before it
+
+
+def version_of(tagged: str) -> tuple[str | None, bool]:
+    """The version a tag names (None: untagged), and whether an earlier one may have spelled the
+    entry (an untagged entry marked by a move: `dated`)."""
+    if tagged.startswith(_OR_EARLIER):
+        return unquote(tagged[len(_OR_EARLIER):]), True
+    return (unquote(tagged[1:]), False) if tagged else (None, False)
+
+
+def dated(entries: tuple[str, ...], version: str | None) -> tuple[str, ...]:
+    """The record of a session the move takes away from `version`, its untagged entries (recorded
+    before entries said their version) marked as spelled by that version or one before it; the
+    others as they are. Nothing to mark for a bot without `version:`."""
+    if not version or all(e[_DIGITS:_DIGITS + 1] != " " for e in entries):
+        return entries
+    mark = _OR_EARLIER + quote(version, safe="")
+    return tuple(f"{e[:_DIGITS]}{mark}{e[_DIGITS:]}" if e[_DIGITS:_DIGITS + 1] == " " else e for e in entries)
 
 
 def done_before(c: Conversation, same: str, spelled_in: str = "",
