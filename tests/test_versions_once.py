@@ -479,3 +479,91 @@ def test_a_call_the_last_release_recorded_before_it_moved_the_session_is_read_as
         state = all_three.get("/bots/desk/sessions/s").json()["state"]
     assert tool_results(fake)[-2:] == [DONE, "Credited 30 on A1"]
     assert state["refunded"] == 30 and state["credited"] == 30
+
+
+DROP_V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order
+    effect: once
+    parameters:
+      type: object
+      properties: {order: {type: string}, amount: {type: number}, note: {type: string}}
+      required: [order, amount]
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order }}"}
+"""
+# Version 2 renames the tool and `order`, drops `note`, gives old calls `reason: none given`, and
+# adds `channel` without a default.
+DROP_V2 = """\
+name: desk
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0}
+migrations:
+  - from: "1"
+    tools: {refund: pay_back}
+    arguments: {pay_back: {rename: {order: order_id}, drop: [note], default: {reason: none given}}}
+routes:
+  main: {default: true, system: Refund orders., tools: [pay_back]}
+tools:
+  pay_back:
+    description: Refund an order
+    effect: once
+    parameters:
+      type: object
+      properties: {order_id: {type: string}, amount: {type: number}, reason: {type: string}, channel: {type: string}}
+      required: [order_id, amount]
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order_id }}"}
+"""
+NOTED = {"name": "refund", "arguments": {"order": "A1", "amount": 30, "note": "the parcel came late"}}
+
+
+def pay_back(**extra) -> dict:
+    return {"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30, **extra}}]}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_once_call_made_with_an_argument_a_migration_drops_is_not_run_again_after_it(fake, tmp_path, kind):
+    """Version 1 refunds A1 with a `note`; version 2 drops `note` (and renames the tool and `order`,
+    and gives old calls `reason: none given`). The session moves live (Session.use_bot): version 2's
+    refund of A1 is version 1's call spelled forward, as the migration maps it — without the
+    note, with the default reason, or with that reason left out — and is answered from the record.
+    It ran again: spelled back, version 2's call could not give back the note it never had. A call
+    with another reason, or with `channel` (added without a default), is a new call and runs."""
+    root = write_versions(tmp_path / "desk", {"1": DROP_V1, "2": DROP_V2})
+    v1, v2 = load_bot(root / "versions" / "1"), load_bot(root / "versions" / "2")
+    store = InMemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    fake.queue({"tool_calls": [NOTED]}, {"text": "Refunded."})
+    session = v1.session(store=store, session_id="s")
+    session.chat("refund 30 on A1, the parcel came late")
+    session.use_bot(v2)
+    fake.queue(pay_back(), pay_back(reason="none given"), pay_back(reason="damaged"),
+               pay_back(reason="none given", channel="email"), {"text": "Done."})
+    session.chat("refund A1 again")
+    assert tool_results(fake)[-4:] == [DONE, DONE, "Refunded 30 on A1", "Refunded 30 on A1"]
+    assert session.state["refunded"] == 90
+
+
+def test_a_once_call_with_a_dropped_argument_is_not_run_again_in_a_session_resumed_after_the_upgrade(fake, tmp_path):
+    """The same through the server: the session refunded A1 with a note under version 1; a server
+    serving both versions opens it, moves it to version 2 and answers version 2's refund of A1 from
+    the record."""
+    root = write_versions(tmp_path / "desk", {"1": DROP_V1, "2": DROP_V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder(NOTED)
+    started_on_version_1(root, "desk", store, "refund 30 on A1, the parcel came late")
+    fake.responder = None
+    fake.queue(pay_back(reason="none given"), {"text": "It was refunded already."})
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund A1 please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        session = both.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-1] == DONE and session["state"]["refunded"] == 30
+    assert session["history"][-1]["moved"]["to"] == session["botVersion"]
