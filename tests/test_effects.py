@@ -231,9 +231,8 @@ def test_the_record_keeps_the_last_calls_and_an_older_snapshot_without_it_loads(
     session = bot.session(model=model, store=store)
     session.chat("Pay them all")
     record = session.snapshot()["calls_done"]
-    # identity, turn, what the model read, then what the identity is made of (the tool, each argument hashed)
-    assert len(record) == DONE_KEPT and record[-1].partition("\x1f")[0].endswith(f" 1 Paid {amounts[-1]}.")
-    assert all(entry.split(" ")[1] == "1" and entry.partition("\x1f")[2].startswith("pay|amount=") for entry in record)
+    assert len(record) == DONE_KEPT and record[-1].endswith(f" 1 Paid {amounts[-1]}.")
+    assert all(entry.split(" ")[1] == "1" for entry in record)  # identity, turn, what the model read
 
     snapshot = store.load_session(session.id)
     del snapshot["calls_done"]  # as stored before this record existed

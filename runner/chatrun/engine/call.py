@@ -233,7 +233,7 @@ class ToolCalls:
     def made_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
         """What the call's identity is made of, as the state is now (once.made_of: kept in the
         record, so a later version spells it forward)."""
-        return once.made_of(tool.name, args, self.acted_on(tool))
+        return once.made_of(tool.name, args, self.acted_on(tool)) if self.t.config.version else ""
 
     def acted_on(self, tool: ToolConfig) -> dict[str, Any]:
         """What a call acts on besides its arguments: the values of the paths its tool `requires`

@@ -12,7 +12,8 @@ committed and rolled back with the turn like the state.
 Every commit encodes the snapshot, so the record is kept small and cheap to encode: one string
 per call, `"<identity><tag> <turn> <reply>\x1f<parts>"` (the identity is 32 hex digits, the tag
 `~<version>` names the bot's `version:` that spells it, the reply what the model read, cut to
-REPLY_KEPT characters, the parts what the identity is made of, each value hashed: `made_of`). A
+REPLY_KEPT characters, the parts what the identity is made of, each value hashed: `made_of`, kept
+by a bot with `version:` alone, the only one a migration can spell otherwise). A
 record of dicts cost a steady turn about a fifth of its CPU (bench/bench_guards.py); strings cost
 it about 1%.
 
