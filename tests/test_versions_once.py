@@ -567,3 +567,22 @@ def test_a_once_call_with_a_dropped_argument_is_not_run_again_in_a_session_resum
         session = both.get("/bots/desk/sessions/s").json()
     assert tool_results(fake)[-1] == DONE and session["state"]["refunded"] == 30
     assert session["history"][-1]["moved"]["to"] == session["botVersion"]
+
+
+def test_a_dropped_argument_and_a_renamed_requires_path_together_are_spelled_forward(fake, tmp_path):
+    """Version 1's refund with a `note`, acting on `state.customer`; version 2 renames the tool, the
+    argument `order`, the path (`customer` -> `account.customer`) and drops `note`: the entry spelled
+    forward acts on the renamed path with the value it had, and is version 2's call."""
+    v1 = V1.replace("amount: {type: number}}", "amount: {type: number}, note: {type: string}}")
+    v2 = V2.replace("rename: {order: order_id}}", "rename: {order: order_id}, drop: [note]}")
+    assert v1 != V1 and v2 != V2
+    root = write_versions(tmp_path / "desk", {"1": v1, "2": v2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30, "note": "late"}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1, it came late")
+    fake.responder = responder({"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as both:
+        assert both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it"}).json()["ok"]
+        state = both.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == DONE
+    assert state["refunded"] == 30 and state["account"] == {"customer": "ana"}
