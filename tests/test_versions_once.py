@@ -15,6 +15,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from chatrun import InMemoryStore, SQLiteStore, load_bot
 from chatrun.server.openai_api import OpenAIOptions
 from server_support import app_for_testclient as create_app
 from versions_support import started_on_version_1, write_versions
@@ -381,3 +382,207 @@ def test_a_once_call_recorded_untagged_by_the_last_release_is_not_run_again_by_t
         assert said.status_code == 200 and said.json()["ok"], said.text
         state = same.get("/bots/desk/sessions/s").json()["state"]
     assert tool_results(fake)[-1] == DONE and state["refunded"] == 30
+
+
+def untagged(entries: list[str]) -> list[str]:
+    """A record of calls done once as chatrun 0.x before this one wrote it (`<identity> <turn> <reply>`)."""
+    return [re.sub(r"^([0-9a-f]{32})\S* ", r"\1 ", e).partition("\x1f")[0] for e in entries]
+
+
+SWAPPED_DONE = [  # version 2's refund (version 1's credit, never done) runs; its credit (the refund done) does not
+    "Credited 30 on A1", DONE]
+
+
+def test_after_a_swap_the_other_tools_call_is_not_taken_for_a_call_the_last_release_recorded(fake, tmp_path):
+    """A session stored by the last release (its record untagged) on version 1, opened after an
+    upgrade by a server whose newest version swaps `refund` and `credit`: the move reads the record
+    as of version 1, the version the session left. Version 2's `refund` of the order is version 1's
+    credit, never done: it runs. It was answered "already done" (the untagged entry matched under
+    every version's spelling, version 2's own included), and the credit was never given."""
+    root = write_versions(tmp_path / "desk", {"1": SWAP_V1, "2": SWAP_V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1"}})
+    started_on_version_1(root, "desk", store, "refund A1")
+    old = as_the_last_release_wrote_it(tmp_path / "sessions.db", "s")
+    assert len(old) == 1 and re.fullmatch(r"[0-9a-f]{32} 1 Refunded 30 on A1", old[0]), old
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]},
+               {"tool_calls": [{"name": "credit", "arguments": {"order": "A1"}}]}, {"text": "Done."})
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund A1 and credit A1"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        session = both.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-2:] == SWAPPED_DONE
+    assert session["state"]["refunded"] == 30 and session["state"]["credited"] == 30
+    assert session["history"][-1]["moved"]["to"] == session["botVersion"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_live_swap_of_an_open_session_reads_the_last_releases_record_as_of_the_version_it_left(fake, tmp_path, kind):
+    """A session the last release stored on version 1 is resumed by this one on version 1 (a turn
+    there keeps the record as written), then moved to version 2 while it is open (a reload, the
+    REPL's `--reload`: Session.use_bot): version 2's `refund` (version 1's credit) runs, its `credit`
+    (version 1's refund, done) is answered from the record."""
+    root = write_versions(tmp_path / "desk", {"1": SWAP_V1, "2": SWAP_V2})
+    v1, v2 = load_bot(root / "versions" / "1"), load_bot(root / "versions" / "2")
+    store = InMemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]}, {"text": "Refunded."})
+    v1.session(store=store, session_id="s").chat("refund A1")
+    snapshot = store.load_session("s")
+    assert snapshot is not None
+    snapshot["calls_done"] = untagged(snapshot["calls_done"])
+    store.commit_turn("s", snapshot, {}, [])  # as the last release left it
+    session = v1.session(store=store, session_id="s")
+    fake.queue({"text": "Hello."})
+    session.chat("hello")
+    assert untagged(session.snapshot()["calls_done"]) == session.snapshot()["calls_done"]
+    session.use_bot(v2)
+    fake.queue({"tool_calls": [{"name": "refund", "arguments": {"order": "A1"}}]},
+               {"tool_calls": [{"name": "credit", "arguments": {"order": "A1"}}]}, {"text": "Done."})
+    session.chat("refund A1 and credit A1")
+    assert tool_results(fake)[-2:] == SWAPPED_DONE
+    assert session.state["refunded"] == 30 and session.state["credited"] == 30
+    stored = store.load_session("s")
+    assert stored is not None and stored["calls_done"][0].split(" ", 1)[0].endswith("~<=1"), stored["calls_done"]
+
+
+# Version 2 renames refund to pay_back; version 3 swaps pay_back and credit (its credit refunds).
+CHAIN_V2 = (SWAP_V1.replace('version: "1"', 'version: "2"\non_change: migrate\nmigrations:\n'
+                            '  - {from: "1", tools: {refund: pay_back}}')
+            .replace("[refund, credit]", "[pay_back, credit]").replace("  refund:\n", "  pay_back:\n"))
+CHAIN_V3 = (CHAIN_V2.replace('version: "2"', 'version: "3"')
+            .replace("tools: {refund: pay_back}}", 'tools: {refund: pay_back}}\n  - {from: "2", tools: {pay_back: credit, credit: pay_back}}')
+            .replace("  pay_back:\n", "  SWAPPED:\n").replace("  credit:\n", "  pay_back:\n").replace("  SWAPPED:\n", "  credit:\n"))
+
+
+def test_a_call_the_last_release_recorded_before_it_moved_the_session_is_read_as_of_that_older_version(fake, tmp_path):
+    """The last release moved the session from version 1 to 2 (`refund` renamed `pay_back`) and
+    left its record as it was: an untagged entry spelled by version 1 in a session recorded on 2.
+    Version 3 swaps `pay_back` and `credit`: the move marks the entry as of version 2 *or before*,
+    so version 3's `credit` (version 1's refund) is the call done and its `pay_back` (a credit) runs.
+    Read as of version 2 alone, the refund would run again."""
+    root = write_versions(tmp_path / "desk", {"1": SWAP_V1, "2": CHAIN_V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1"}})
+    started_on_version_1(root, "desk", store, "refund A1")
+    fake.queue({"text": "Hello."})
+    with TestClient(create_app(str(root), store)) as both:  # the move to version 2
+        assert both.post("/bots/desk/sessions/s/messages", json={"userMessage": "hello"}).json()["ok"]
+    old = as_the_last_release_wrote_it(tmp_path / "sessions.db", "s")
+    assert len(old) == 1 and re.fullmatch(r"[0-9a-f]{32} 1 Refunded 30 on A1", old[0]), old
+    (root / "versions" / "3").mkdir()
+    (root / "versions" / "3" / "bot.yaml").write_text(CHAIN_V3)
+    fake.queue({"tool_calls": [{"name": "credit", "arguments": {"order": "A1"}}]},
+               {"tool_calls": [{"name": "pay_back", "arguments": {"order": "A1"}}]}, {"text": "Done."})
+    with TestClient(create_app(str(root), store)) as all_three:
+        said = all_three.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund A1 and credit A1"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        state = all_three.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-2:] == [DONE, "Credited 30 on A1"]
+    assert state["refunded"] == 30 and state["credited"] == 30
+
+
+DROP_V1 = """\
+name: desk
+version: "1"
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0}
+routes:
+  main: {default: true, system: Refund orders., tools: [refund]}
+tools:
+  refund:
+    description: Refund an order
+    effect: once
+    parameters:
+      type: object
+      properties: {order: {type: string}, amount: {type: number}, note: {type: string}}
+      required: [order, amount]
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order }}"}
+"""
+# Version 2 renames the tool and `order`, drops `note`, gives old calls `reason: none given`, and
+# adds `channel` without a default.
+DROP_V2 = """\
+name: desk
+version: "2"
+on_change: migrate
+model: {provider: openai, name: gpt-4o-mini, temperature: 0, max_retries: 0}
+state: {refunded: 0}
+migrations:
+  - from: "1"
+    tools: {refund: pay_back}
+    arguments: {pay_back: {rename: {order: order_id}, drop: [note], default: {reason: none given}}}
+routes:
+  main: {default: true, system: Refund orders., tools: [pay_back]}
+tools:
+  pay_back:
+    description: Refund an order
+    effect: once
+    parameters:
+      type: object
+      properties: {order_id: {type: string}, amount: {type: number}, reason: {type: string}, channel: {type: string}}
+      required: [order_id, amount]
+    action: {set: {state.refunded: "{{ state.refunded + args.amount }}"}, reply: "Refunded {{ args.amount }} on {{ args.order_id }}"}
+"""
+NOTED = {"name": "refund", "arguments": {"order": "A1", "amount": 30, "note": "the parcel came late"}}
+
+
+def pay_back(**extra) -> dict:
+    return {"tool_calls": [{"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30, **extra}}]}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_once_call_made_with_an_argument_a_migration_drops_is_not_run_again_after_it(fake, tmp_path, kind):
+    """Version 1 refunds A1 with a `note`; version 2 drops `note` (and renames the tool and `order`,
+    and gives old calls `reason: none given`). The session moves live (Session.use_bot): version 2's
+    refund of A1 is version 1's call spelled forward, as the migration maps it — without the
+    note, with the default reason, or with that reason left out — and is answered from the record.
+    It ran again: spelled back, version 2's call could not give back the note it never had. A call
+    with another reason, or with `channel` (added without a default), is a new call and runs."""
+    root = write_versions(tmp_path / "desk", {"1": DROP_V1, "2": DROP_V2})
+    v1, v2 = load_bot(root / "versions" / "1"), load_bot(root / "versions" / "2")
+    store = InMemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    fake.queue({"tool_calls": [NOTED]}, {"text": "Refunded."})
+    session = v1.session(store=store, session_id="s")
+    session.chat("refund 30 on A1, the parcel came late")
+    session.use_bot(v2)
+    fake.queue(pay_back(), pay_back(reason="none given"), pay_back(reason="damaged"),
+               pay_back(reason="none given", channel="email"), {"text": "Done."})
+    session.chat("refund A1 again")
+    assert tool_results(fake)[-4:] == [DONE, DONE, "Refunded 30 on A1", "Refunded 30 on A1"]
+    assert session.state["refunded"] == 90
+
+
+def test_a_once_call_with_a_dropped_argument_is_not_run_again_in_a_session_resumed_after_the_upgrade(fake, tmp_path):
+    """The same through the server: the session refunded A1 with a note under version 1; a server
+    serving both versions opens it, moves it to version 2 and answers version 2's refund of A1 from
+    the record."""
+    root = write_versions(tmp_path / "desk", {"1": DROP_V1, "2": DROP_V2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder(NOTED)
+    started_on_version_1(root, "desk", store, "refund 30 on A1, the parcel came late")
+    fake.responder = None
+    fake.queue(pay_back(reason="none given"), {"text": "It was refunded already."})
+    with TestClient(create_app(str(root), store)) as both:
+        said = both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund A1 please"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        session = both.get("/bots/desk/sessions/s").json()
+    assert tool_results(fake)[-1] == DONE and session["state"]["refunded"] == 30
+    assert session["history"][-1]["moved"]["to"] == session["botVersion"]
+
+
+def test_a_dropped_argument_and_a_renamed_requires_path_together_are_spelled_forward(fake, tmp_path):
+    """Version 1's refund with a `note`, acting on `state.customer`; version 2 renames the tool, the
+    argument `order`, the path (`customer` -> `account.customer`) and drops `note`: the entry spelled
+    forward acts on the renamed path with the value it had, and is version 2's call."""
+    v1 = V1.replace("amount: {type: number}}", "amount: {type: number}, note: {type: string}}")
+    v2 = V2.replace("rename: {order: order_id}}", "rename: {order: order_id}, drop: [note]}")
+    assert v1 != V1 and v2 != V2
+    root = write_versions(tmp_path / "desk", {"1": v1, "2": v2})
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    fake.responder = responder({"name": "refund", "arguments": {"order": "A1", "amount": 30, "note": "late"}})
+    started_on_version_1(root, "desk", store, "refund 30 on A1, it came late")
+    fake.responder = responder({"name": "pay_back", "arguments": {"order_id": "A1", "amount": 30}})
+    with TestClient(create_app(str(root), store)) as both:
+        assert both.post("/bots/desk/sessions/s/messages", json={"userMessage": "refund it"}).json()["ok"]
+        state = both.get("/bots/desk/sessions/s").json()["state"]
+    assert tool_results(fake)[-1] == DONE
+    assert state["refunded"] == 30 and state["account"] == {"customer": "ana"}

@@ -40,7 +40,7 @@ from chatrun.engine import observe, once, pausing, tracing
 from chatrun.engine.binding import Unbound, bind_arguments, ignored_note, undeclared_note
 from chatrun.engine.context import TurnContext, storable
 from chatrun.engine.guardrails import Guardrails
-from chatrun.engine.migrate import older_spellings, spelled_before
+from chatrun.engine.migrate import older_spellings, spelled_before, spelled_forward_is
 from chatrun.engine.said import said
 from chatrun.engine.scopes import Scope, ScopeView, get_path
 from chatrun.engine.steps import (
@@ -217,13 +217,23 @@ class ToolCalls:
         if tool.effect != ONCE:
             return None
         migrations = self.t.config.migrations
-        older = (lambda tagged: older_spellings(migrations, tagged, tool.name, args, acted_on)) if migrations else None
-        done = once.done_before(self.t.c, same, once.tag(self.t.config.version), older)
+        if not migrations:  # every version spells it alike
+            done = once.done_before(self.t.c, same, once.tag(self.t.config.version))
+        else:  # an entry of another version: this call spelled back to it, or it spelled forward to this call
+            mine = once.made_of(tool.name, args, acted_on)
+            done = once.done_before(self.t.c, same, once.tag(self.t.config.version),
+                                    lambda tagged: older_spellings(migrations, tagged, tool.name, args, acted_on),
+                                    lambda tagged, parts: spelled_forward_is(migrations, tagged, parts, mine))
         return ToolOutcome(once.already_done(done)) if done is not None else None
 
     def identity_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
         """What makes two calls the same call (engine/once.py), as the state is now."""
         return once.identity(tool.name, args, self.acted_on(tool))
+
+    def made_of(self, tool: ToolConfig, args: dict[str, Any]) -> str:
+        """What the call's identity is made of, as the state is now (once.made_of: kept in the
+        record, so a later version spells it forward)."""
+        return once.made_of(tool.name, args, self.acted_on(tool)) if self.t.config.version else ""
 
     def acted_on(self, tool: ToolConfig) -> dict[str, Any]:
         """What a call acts on besides its arguments: the values of the paths its tool `requires`
@@ -233,9 +243,10 @@ class ToolCalls:
         roots = self.t.roots()
         return {path: get_path(roots, path) for path in tool.requires}
 
-    def remember_done(self, tool: ToolConfig, identity: str, reply: str) -> None:
-        """A `once` call that did something: an identical one later is answered with `reply`."""
-        once.remember(self.t.c, identity, self.t.number, reply, once.tag(self.t.config.version))
+    def remember_done(self, tool: ToolConfig, identity: str, reply: str, parts: str = "") -> None:
+        """A `once` call that did something: an identical one later is answered with `reply`
+        (`parts`: what its identity is made of, once.made_of)."""
+        once.remember(self.t.c, identity, self.t.number, reply, once.tag(self.t.config.version), parts)
         self.took_effect = True
 
     def arguments(self, tool: ToolConfig, raw: str) -> tuple[dict[str, Any], str]:
@@ -429,15 +440,16 @@ class ToolCalls:
     async def apply(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,
                     call_id: str = "") -> ToolOutcome:
         """The action (`apply_action`); a `once` call that did something is remembered as done."""
-        same = ""
+        same = parts = ""
         if tool.effect == ONCE:  # its identity before the action changes the state (the one `repeated` made, if
             # this call's and nothing a handler wrote can have changed it: the tool `requires` nothing)
             checked = self.checked
             same = checked[1] if checked is not None and checked[0] is args and not tool.requires \
                 else self.identity_of(tool, args)
+            parts = self.made_of(tool, args)
         outcome = await self.apply_action(tool, args, result, action, call_id)
         if same and _did_something(tool, action):
-            self.remember_done(tool, same, outcome.reply)
+            self.remember_done(tool, same, outcome.reply, parts)
         return outcome
 
     async def apply_action(self, tool: ToolConfig, args: dict[str, Any], result: Any, action: ActionConfig,

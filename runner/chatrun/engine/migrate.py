@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +45,7 @@ class MigrationResult:
     applied: list[int] = field(default_factory=list)  # indexes of new.migrations that applied
 
 
-def shown(path: str) -> str:
-    """A migration's state path with its root spelled out (`email` -> `state.email`)."""
-    root, keys = split_state_path(path)
-    return ".".join([root, *keys])
+shown = once.shown_path  # a migration's state path with its root spelled out (`email` -> `state.email`)
 
 
 def migrate_snapshot(snapshot: dict[str, Any], old: BotConfig | None, new: BotConfig,
@@ -294,17 +292,53 @@ def older_spellings(migrations: list[MigrationConfig], tagged: str, tool: str, a
                     acted_on: dict[str, Any]) -> list[str]:
     """The identities (engine/once.py) a call of the newest version has as an older version
     spells it: the version tagged `tagged` (its tool, arguments and `requires` paths renamed back
-    through the migrations from that version on), or, untagged (an entry recorded before entries
-    said their version) or of a version no migration's `from:` names, as each version along the
-    migrations spells it. Pure: nothing is read or written."""
-    version = once.version_of(tagged)
+    through the migrations from that version on); marked by a move as that version or an earlier
+    one (once.dated), as each of those spells it; untagged (an entry recorded before entries said
+    their version, of a session whose version is not known) or of a version no migration's `from:`
+    names, as each version along the migrations spells it. Pure: nothing is read or written."""
+    version, or_earlier = once.version_of(tagged)
     named = [i for i, m in enumerate(migrations) if version is not None and m.applies_to(version)][:1]
-    starts = named or range(len(migrations) + 1)  # untagged, or a version no migration names: any of them
+    if not named:  # untagged, or a version no migration names: any of them
+        starts: Iterable[int] = range(len(migrations) + 1)
+    else:
+        starts = range(named[0] + 1) if or_earlier else named
     spelled = []
     for i in starts:
         old_tool, old_args = spelled_before(tuple(migrations[i:]), tool, args)
         spelled.append(once.identity(old_tool, old_args, _paths_before(migrations[i:], acted_on)))
     return spelled
+
+
+def spelled_forward_is(migrations: list[MigrationConfig], tagged: str, parts: str, call: str) -> bool:
+    """Whether a call recorded by the version tagged `tagged`, made of `parts` (once.made_of),
+    spelled forward through the migrations from that version on, is the newest version's `call`
+    (made of `call`): its tool, arguments and `requires` paths carried as the migrations carry the
+    calls in memories (`_mapped`: an argument renamed, dropped, given its default when absent). An
+    argument given a default matches the new call's left out, as `spelled_before` spells it back.
+    A version no migration's `from:` names spells it as the newest does. Pure."""
+    tool, args, paths, defaulted = _forward(applying(migrations, once.version_of(tagged)[0]), *once.read_parts(parts))
+    new_tool, new_args, new_paths = once.read_parts(call)
+    filled = {**{k: v for k, v in args.items() if k in defaulted}, **new_args}
+    return (tool, args, paths) == (new_tool, filled, new_paths)
+
+
+def _forward(chain: list[MigrationConfig], tool: str, args: dict[str, str],
+             paths: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str], set[str]]:
+    """A call's parts carried through the migrations `chain`, and the arguments given a default."""
+    defaulted: set[str] = set()
+    for m in chain:
+        tool = m.tools.get(tool, tool)
+        changes = m.arguments.get(tool)
+        if changes is not None:
+            renamed = {changes.rename.get(k, k): v for k, v in args.items()}
+            args = {k: v for k, v in renamed.items() if k not in changes.drop}
+            defaulted = {changes.rename.get(k, k) for k in defaulted} - set(changes.drop)
+            added = {k: once.hashed_default(v) for k, v in changes.default.items() if k not in args}
+            args, defaulted = {**args, **added}, defaulted | set(added)
+        renames = {shown(source): shown(target) for source, target in m.state.rename.items()}
+        dropped = {shown(path) for path in m.state.drop}
+        paths = {_renamed_path(k, renames): v for k, v in paths.items() if k not in dropped}
+    return tool, args, paths, defaulted
 
 
 def spelled_before(moved_by: tuple[MigrationConfig, ...], tool: str, args: dict[str, Any]) -> tuple[str, Any]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatrun.definition.versions import MIGRATE, POLICIES
+from chatrun.engine import once
 from chatrun.engine.pending import QUESTION, TAKEOVER, WITHDRAWN
 from chatrun.messages import SummaryMessage
 from chatrun.store.record import MEMORY_SEPARATOR
@@ -78,6 +79,8 @@ def move(conversation: Conversation, old: BotConfig | None, new: BotConfig, lost
     Changes the conversation in place; nothing is stored until its next turn commits."""
     moved = Moved(old.content_version if old is not None else lost, new.content_version, lost=lost)
     conversation.moved_by = ()  # set by the migrations, if any apply
+    if old is not None:  # the last release's untagged calls done once: spelled by `old` or before it
+        conversation.done_calls = once.dated(conversation.done_calls, old.version)
     if new.on_change == MIGRATE:
         _migrate(conversation, old, new, moved)
     conversation.config = new

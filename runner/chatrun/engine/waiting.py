@@ -582,6 +582,7 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
     with tracing.tool_span(tool.name, item.call_id or "", f"{outcome} {item.id}") as span:
         calls.took_effect = False
         asked = calls.identity_of(tool, item.args or {})  # before the call changes what it acts on
+        asked_parts = calls.made_of(tool, item.args or {})
         # The call runs in this turn: its history record (args, result) is this turn's, so a
         # transcript's `calls:` and `chatrun record --from-session`'s mocks see it here.
         record: dict[str, Any] = {"tool": tool.name, "route": calls.t.c.scope.route, "args": storable(args)}
@@ -596,7 +597,7 @@ async def approved(calls: ToolCalls, item: PendingItem, args: dict[str, Any], ou
         record["error" if tool_outcome.failed else "reply"] = storable(tool_outcome.reply)
         if calls.took_effect and args != (item.args or {}):
             # The call asked for is done too (with the approver's changes): asked again, it gets this result.
-            calls.remember_done(tool, asked, tool_outcome.reply)
+            calls.remember_done(tool, asked, tool_outcome.reply, asked_parts)
         if tool_outcome.failed:
             tracing.tool_failed(span)
     return _continue(calls, item, memory, tool_outcome)
