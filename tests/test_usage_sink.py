@@ -162,3 +162,39 @@ def test_a_bots_own_event_cannot_pass_for_the_billed_usage(tmp_path, write_bot, 
     assert ("Usage", {"total": {"input_tokens": -1}}) in [(e.type, e.data) for e in session.chat("hi")]
     [queued] = [e.body["data"] for e in store.list_outbox(PENDING)]
     assert queued["total"]["calls"] == 2 and queued["total"] == session.usage
+
+
+async def stop_after_first_chunk(session, message: str) -> None:
+    """Run a turn until its first Stream chunk arrives, then cancel it (what every door does)."""
+    import asyncio
+
+    chunk = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in session.stream(message):
+            if event.type == "Stream":
+                chunk.set()
+
+    task = asyncio.ensure_future(consume())
+    await chunk.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_stopped_turns_billed_call_is_queued_as_its_usage(tmp_path, fake, monkeypatch):
+    import asyncio
+
+    monkeypatch.setenv("CRM_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("BILLING_URL", "http://127.0.0.1:9")
+    bot_file = tmp_path / "bot.yaml"
+    bot_file.write_text(BOT.replace("stream: false", "stream: true"))
+    store = open_store(f"sqlite:///{tmp_path / 'lib.db'}")
+    session = chatrun.load_bot(bot_file).session(store=store)
+    fake.queue({**call("score", n=3), **used(50, 5)}, {"chunks": ["Thanks", " a lot"], "stall": True})
+    asyncio.run(stop_after_first_chunk(session, "3"))
+    assert session.last_turn["error"] == "cancelled"
+    [queued] = [e.body for e in store.list_outbox(PENDING)]  # the rolled-back Detractor is not queued
+    assert queued["type"] == "Usage" and queued["data"]["ok"] is False
+    assert (queued["data"]["total"]["input_tokens"], queued["data"]["total"]["calls"]) == (50, 1)
+    assert summed([queued["data"]]) == session.usage
