@@ -23,6 +23,9 @@ ENDED = "ConversationEnded"  # chatrun extension: an `end` action ended the conv
 PENDING = "Pending"  # an item waits: data = PendingItem.public() (a backend's copy adds "token")
 RESOLVED = "Resolved"  # an item was resolved: data = {"id", "kind", "outcome", "by", "args"?, "answer"?, "reason"?}
 OUTCOME = "Outcome"  # a conversation's outcome was recorded (engine/outcomes.py), for the backend: {"name", "turn", "route", "at"}
+# What a committed turn's model calls used (and the killed attempts its commit counted), for a
+# billing sink that lists it (docs/observability.md "Usage for billing"): queued in the turn's outbox only.
+USAGE = "Usage"
 USER_MESSAGE = "UserMessage"  # during a takeover, the user's message for the operators: data = {"text", "data", "attachments"?}
 # The knowledge passages a reply cites (docs/knowledge.md): data = {"sources": [{"title", "ref", "source", "url"?}]}
 SOURCES = "Sources"

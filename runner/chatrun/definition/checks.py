@@ -2113,6 +2113,9 @@ def _audience_checks(checker: _Checker) -> None:
         if name in ev.BUILTIN_TYPES:
             checker.add("error", f"`events.{name}`: {name} is a built-in event type, always for the user; "
                         "declare only the bot's own types", "events", name)
+        elif name == ev.USAGE:  # a tool's event must not pass for the billed usage a sink takes
+            checker.add("error", f"`events.{name}`: {name} is chatrun's own backend event (each turn's usage, for "
+                        "a sink that lists it); name the bot's type otherwise", "events", name)
     backend = [name for name, decl in config.events.items() if decl.audience == ev.BACKEND and name not in ev.BUILTIN_TYPES]
     takeable = [*backend, *CHATRUN_BACKEND_TYPES]  # chatrun's own: a user's rating (Session.rate), an outcome
     for sink in config.sinks.values():

@@ -723,7 +723,11 @@ class WidgetConfig:
         return bool(self.logo) and not self.logo.startswith(("https://", "http://", "data:"))
 
 
-CHATRUN_BACKEND_TYPES = (ev.FEEDBACK, ev.OUTCOME)  # chatrun's own backend events: a user's rating, an outcome
+# chatrun's own backend events: a user's rating, an outcome, a turn's usage
+CHATRUN_BACKEND_TYPES = (ev.FEEDBACK, ev.OUTCOME, ev.USAGE)
+# Those a sink gets only when its `events:` lists them: one Usage a turn is a volume (and a type)
+# the receivers of a bot's own events never asked for.
+OPT_IN_TYPES = (ev.USAGE,)
 
 
 @dataclass
@@ -958,7 +962,11 @@ class SinkConfig:
     where: Location = field(default_factory=Location)
 
     def takes(self, event_type: str) -> bool:
-        return self.events is None or event_type in self.events
+        """Whether it takes backend events of this type: those `events:` lists, or (no `events:`)
+        every type but the ones a sink must ask for by name (`OPT_IN_TYPES`)."""
+        if self.events is None:
+            return event_type not in OPT_IN_TYPES
+        return event_type in self.events
 
 
 # Each channel kind's keys that name a declared `env:` variable (a credential), and those that

@@ -49,7 +49,7 @@ from chatrun.engine.pending import (
 from chatrun.engine.scopes import Scope, merged_scope
 from chatrun.engine.tools import ToolMocks
 from chatrun.engine.turn import Turn
-from chatrun.engine.usage import UserSpent
+from chatrun.engine.usage import UserSpent, usage_event
 from chatrun.engine.versions import Moved, produced_by
 from chatrun.engine.versions import move as move_conversation
 from chatrun.engine.waiting import check_decision
@@ -863,6 +863,7 @@ class Session:
             if outbox:  # the store queues these with the commit (chatrun.store.record.outbox_of)
                 entry[OUTBOX_KEY] = outbox
             earlier = self._count(turn, entry)
+            self._queue_usage(turn, entry)
             if self._moved is not None:
                 entry["moved"] = self._moved[2].to_dict()
             entry["seconds"] = round(time.perf_counter() - started, 4)  # what the user waited (`chatrun report`)
@@ -1012,6 +1013,7 @@ class Session:
             # The conversation is as before, but the calls were made (and paid for): they count.
             earlier = self._count(turn, entry)
             entry.setdefault("route", self.route)
+            self._queue_usage(turn, entry)
             entry, _ = self._stored(entry, {}, turn)
             self.store.commit_turn(self.id, stored(), {}, [*earlier, entry])
             self._last_entry = entry
@@ -1029,6 +1031,23 @@ class Session:
         self._c.billed = attempt.billed(self._c.billed)
         self._unfinished_counted = [failed_entry(a) for a in attempt.unfinished]
         return self._unfinished_counted
+
+    def _queue_usage(self, turn: Turn, entry: dict[str, Any]) -> None:
+        """The turn's `Usage` event for the sinks that list it, queued with its commit, committed
+        or failed (its calls were billed): `billed` makes outbox_of keep it on a failed entry.
+        Replaces the one a commit that then failed queued. A bot whose sinks do not take it: nothing."""
+        config = self.bot.config
+        sinks = config.sinks_for(ev.USAGE) if config.sinks else ()
+        if not sinks:
+            return
+        principal = self._c.principal
+        data = usage_event(turn.number, entry.get("route") or self.route, bool(entry.get("ok")), turn.usage,
+                           turn.calls_usage, turn.attempt)
+        data.update(owner=self.meta.get("owner"), principal=principal.get("name") if principal else None)
+        kept = [item for item in entry.get(OUTBOX_KEY) or () if not item.get("billed")]
+        now = time.time()
+        entry[OUTBOX_KEY] = kept + [{**_delivery(config, self.id, sink.name, ev.USAGE, data, turn.number, now),
+                                     "billed": True} for sink in sinks]
 
     @contextmanager
     def _as_stored(self) -> Iterator[Callable[[], dict[str, Any]]]:
@@ -1271,13 +1290,19 @@ def _outbox(config: BotConfig, session_id: str, events: list[Event]) -> list[dic
     now = time.time()
     out: list[dict[str, Any]] = []
     for event in events:
-        if event.audience != ev.BACKEND:
+        if event.audience != ev.BACKEND or event.type == ev.USAGE:  # a Usage is chatrun's only: _queue_usage
             continue
         for sink in config.sinks_for(event.type):
-            body = {"id": "evt_" + secrets.token_hex(12), "type": event.type, "data": event.data,
-                    "turn": event.turn, "session": session_id, "bot": config.name, "created": now}
-            out.append({"sink": sink.name, "body": body})
+            out.append(_delivery(config, session_id, sink.name, event.type, event.data, event.turn, now))
     return out
+
+
+def _delivery(config: BotConfig, session_id: str, sink: str, kind: str, data: Any, turn: int,
+              now: float) -> dict[str, Any]:
+    """One backend event's delivery to one sink: the body it receives, with its own idempotency key."""
+    body = {"id": "evt_" + secrets.token_hex(12), "type": kind, "data": data, "turn": turn, "session": session_id,
+            "bot": config.name, "created": now}
+    return {"sink": sink, "body": body}
 
 
 REPLY_TO = "reply_to"  # a session's meta key: where its user's events go besides the requests' answers

@@ -110,6 +110,22 @@ def cost_of(usage: Usage, price: Price | None) -> float | None:
             + usage.output_tokens * price.output) / 1_000_000
 
 
+def usage_event(turn: int, route: str, ok: bool, usage: Usage, calls: list[dict[str, Any]],
+                attempt: Attempt | None) -> dict[str, Any]:
+    """The data of a turn's `Usage` backend event (docs/observability.md, "Usage for billing"):
+    its model calls (`calls`, summed in `usage`), the killed attempts its commit counted
+    (`unfinished`, store/billing.py), and `total`, what the commit added to the session's usage:
+    the `total`s of a session's Usage events sum to its `usage`."""
+    unfinished = list(attempt.unfinished) if attempt is not None else []
+    total = usage.copy()
+    if attempt is not None and unfinished:
+        total.add(attempt.earlier())
+    return {"turn": turn, "route": route, "ok": ok, "usage": usage.to_dict(), "calls": calls,
+            "unfinished": [{"turn": a.get("turn"), "attempt": a.get("attempt"), "at": a.get("at"),
+                            "usage": a.get("usage") or {}, "unfinished": True} for a in unfinished],
+            "total": total.to_dict()}
+
+
 @dataclass(frozen=True, slots=True)
 class UserSpent:
     """What the session's user has used of `limits.max_user_tokens` / `max_user_cost` in the

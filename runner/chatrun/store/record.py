@@ -1017,13 +1017,15 @@ def remembered_of(session_id: str, history: list[JSONObject]) -> list[Remembered
 def outbox_of(session_id: str, history: list[JSONObject]) -> list[OutboxEntry]:
     """The deliveries the committed turns among `history` queued (Session puts them under
     "outbox" in a successful turn's entry; a failed turn's entry has at most its channel reply,
-    telling the user it failed: engine/session.py's _replies). The stored history
+    telling the user it failed (engine/session.py's _replies), and its `Usage` event, marked
+    `billed`). The stored history
     entry leaves them out (_as_stored)."""
     out: list[OutboxEntry] = []
     for entry in history:
         for item in entry.get(OUTBOX_KEY) or ():
-            # A failed turn queues its user's reply only; a rating is committed as it is written.
-            if not entry.get("ok") and not item.get("reply") and "feedback" not in entry:
+            # A failed turn queues its user's reply and its Usage only (its calls were billed);
+            # a rating is committed as it is written.
+            if not entry.get("ok") and not item.get("reply") and not item.get("billed") and "feedback" not in entry:
                 continue
             body = item["body"]
             out.append(OutboxEntry(body["id"], session_id, item["sink"], body, body["created"],
