@@ -735,13 +735,14 @@ def user_budget(monkeypatch) -> None:
 
 def test_a_model_that_loops_until_the_users_budget_is_spent_leaves_the_user_told_when_it_renews(user_budget, chat):
     """The same loop against the user's budget (`limits.max_user_tokens`): the fourth call is not
-    sent, and the user reads `user_budget_spent` (when it renews), not "please try again"; the
-    next message, and one in a new conversation of theirs (the budget is the user's, not the
+    sent, and the user reads `user_budget_spent` (when it renews), not "please try again", once
+    however often the platform delivers that message; the next message, and one in a new conversation of theirs (the budget is the user's, not the
     conversation's), call no model and tell them the same."""
     chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
                                         "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
     told = PAGE_TEXTS["user_budget_spent"].split("{renews}")[0]
-    chat.user.say("hello")
+    for _ in range(2):  # the first and the platform's retry: told once
+        chat.user.say("hello", delivery=56)
     wait_until(chat.user.replies, what="the reply to the loop")
     assert len(chat.fake.requests) == 3
     chat.user.say("hello again")
@@ -750,6 +751,20 @@ def test_a_model_that_loops_until_the_users_budget_is_spent_leaves_the_user_told
     chat.settled()
     assert all(text.startswith(told) for text in chat.texts()) and len(chat.texts()) == 3, chat.texts()
     assert len(chat.fake.requests) == 3
+
+
+def test_a_delivery_sent_again_after_the_budget_ended_its_turn_tells_its_user_once(chat):
+    """The platform sends the delivery of a loop the session's budget ended three times more (no
+    answer in time, a replica gone): no model is asked again, and the user, told once already
+    that the conversation cannot go on, is not told again for the same message."""
+    chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
+                                        "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
+    for _ in range(4):  # the first and the platform's three retries
+        assert chat.user.say("hello", delivery=55) == 200
+    assert chat.user.say("hello again") == 200  # a new message: told again, as it should be
+    wait_until(lambda: len(chat.user.replies()) >= 2, what="the replies")
+    chat.settled()
+    assert chat.texts() == [PAGE_TEXTS["session_budget_spent"]] * 2 and len(chat.fake.requests) == 3
 
 
 @pytest.mark.parametrize("model", [{"raw": "<html>502 Bad Gateway</html>"},
