@@ -5,10 +5,13 @@ on a real SQLite file, the real `openai` client against the fake OpenAI server, 
 reporting its usage. A loop ends at the budget, before the call that would pass it; the turn is
 rolled back and the user is told; what it used is counted, so the conversation's next message
 is refused before any model call — and a front end that sends the failed message again, or
-regenerates, does not start a fresh count."""
+regenerates, does not start a fresh count. And on the doors of one connection: the WebSocket in
+chatrun's dialect (as an app and as the chat page open it) and in Quarkus's, and AG-UI. The
+phone is tests/test_phone_doors.py; the webhook channels tests/test_channel_conformance.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -18,7 +21,7 @@ from fastapi.testclient import TestClient
 import chatrun
 from chatrun.definition.page_texts import BUILTIN
 from chatrun.server.auth import Auth
-from server_support import app_for_testclient
+from server_support import app_for_testclient, until_done
 
 BOT = """\
 name: counter
@@ -130,3 +133,65 @@ def test_http_a_loop_ends_at_the_budget_and_the_next_message_calls_no_model(clie
         assert body["events"][-1]["data"].startswith(TOLD[BUDGET])
     assert loop_calls(fake) == 3 and len(fake.requests) == loop_calls(fake)
     assert client.get("/bots/counter/sessions/s1", headers=ana).json()["state"]["count"] == 0
+
+
+# -- the doors of one connection: the WebSocket (chatrun's dialect, the page's, Quarkus's) and AG-UI --
+
+def ws_turn(ws, chat: str, text: str) -> list[dict[str, Any]]:
+    ws.send_json({"type": "ChatRouteMessage", "chatId": chat, "data": {"userMessage": text}})
+    return until_done(ws)
+
+
+@pytest.mark.parametrize("path", ["/_chat/routes", "/bots/counter/_chat/routes?token=token-ana-123"],
+                         ids=["websocket", "page"])
+def test_websocket_a_loop_ends_at_the_budget_and_the_user_reads_why_then_the_next_message_calls_no_model(
+        client, fake, path):
+    """chatrun's dialect, as an app and as the chat page (app.js: the bot's path, the token in the
+    query) open it: the loop's turn ends with an `Error` frame the user reads, the budget's text
+    (not "try again"), then `Failed`; so does the next message, which calls no model."""
+    headers = {} if "token=" in path else {"Authorization": "Bearer token-ana-123"}
+    with client.websocket_connect(path, headers=headers) as ws:
+        ws.send_json({"type": "Connect", "chatId": "ws-1", "extensions": True})
+        until_done(ws)
+        for text in ("loop", "hi"):
+            frames = ws_turn(ws, "ws-1", text)
+            errors = [f["data"] for f in frames if f["type"] == "Error"]
+            assert frames[-1]["type"] == "Failed" and len(errors) == 1, frames
+            assert errors[0].startswith(TOLD[BUDGET]), errors
+    assert loop_calls(fake) == 3 and len(fake.requests) == 3
+
+
+def test_quarkus_websocket_a_loop_ends_at_the_budget_and_the_history_says_why(client, fake):
+    """The Quarkus dialect: a failed turn is `Failed("ServerError")` and nothing else (its client
+    reads only the reason, docs/protocol.md); the text a page reads is the history's, the
+    budget's; the next message fails too and calls no model."""
+    with client.websocket_connect("/_chat/routes", headers={"Authorization": "Bearer token-ana-123"}) as ws:
+        ws.send_json({"type": "Connect", "chatId": "q-1"})
+        until_done(ws)
+        for text in ("loop", "hi"):
+            frames = ws_turn(ws, "q-1", text)
+            assert [(f["type"], f["data"]) for f in frames if f["type"] in ("Failed", "Error")] == \
+                [("Failed", "ServerError")], frames
+    assert loop_calls(fake) == 3 and len(fake.requests) == 3
+    history = client.get("/bots/counter/sessions/q-1", headers={"Authorization": "Bearer token-ana-123"})
+    assert history.status_code == 200, history.text
+    last = history.json()["history"][-1]
+    assert last["ok"] is False, last
+    assert [e["data"] for e in last["events"] if e["type"] == "Error"][0].startswith(TOLD[BUDGET]), last
+
+
+def agui_run(client: TestClient, run: str, text: str) -> list[dict[str, Any]]:
+    body = {"threadId": "agui-1", "runId": run, "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": f"u-{run}", "role": "user", "content": text}]}
+    answer = client.post("/agui/counter", json=body, headers={"Authorization": "Bearer token-ana-123",
+                                                              "Accept": "text/event-stream"})
+    assert answer.status_code == 200, answer.text
+    return [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+
+
+def test_agui_a_loop_ends_at_the_budget_and_the_user_reads_why_then_the_next_run_calls_no_model(client, fake):
+    for run, text in (("r1", "loop"), ("r2", "hi")):
+        frames = agui_run(client, run, text)
+        errors = [f["message"] for f in frames if f["type"] == "RUN_ERROR"]
+        assert len(errors) == 1 and errors[0].startswith(TOLD[BUDGET]), frames
+    assert loop_calls(fake) == 3 and len(fake.requests) == 3

@@ -14,7 +14,8 @@ the other doors are tests/test_doors.py). The killed replica is tests/test_chann
 Twilio ConversationRelay is not driven here: a call is a WebSocket of speech already turned
 into text, with no buttons to press, no signed delivery a platform retries (the call's
 messages are in order on one socket) and no files, and its operator path is a hand-off to a
-human phone number; tests/test_channel_twilio.py covers what it has.
+human phone number; tests/test_channel_twilio.py covers what it has, and tests/test_phone_doors.py
+the unruly model and the budgets there.
 """
 
 from __future__ import annotations
@@ -719,6 +720,49 @@ def test_a_model_that_loops_until_the_session_budget_is_spent_leaves_the_user_to
     assert len(chat.fake.requests) == 3
     chat.user.say("hello again")
     wait_until(lambda: len(chat.user.replies()) == 2, what="the reply to the next message")
+    chat.settled()
+    assert chat.texts() == [PAGE_TEXTS["session_budget_spent"]] * 2 and len(chat.fake.requests) == 3
+
+
+@pytest.fixture
+def user_budget(monkeypatch) -> None:
+    """The bot with a budget per user (100,000 tokens) instead of one per session: request it
+    before `chat` (fixtures are made in the order the test names them)."""
+    budgeted = BOT.replace("limits: {max_session_tokens: 100000}", "limits: {max_user_tokens: 100000}")
+    assert budgeted != BOT
+    monkeypatch.setitem(globals(), "BOT", budgeted)
+
+
+def test_a_model_that_loops_until_the_users_budget_is_spent_leaves_the_user_told_when_it_renews(user_budget, chat):
+    """The same loop against the user's budget (`limits.max_user_tokens`): the fourth call is not
+    sent, and the user reads `user_budget_spent` (when it renews), not "please try again", once
+    however often the platform delivers that message; the next message, and one in a new conversation of theirs (the budget is the user's, not the
+    conversation's), call no model and tell them the same."""
+    chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
+                                        "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
+    told = PAGE_TEXTS["user_budget_spent"].split("{renews}")[0]
+    for _ in range(2):  # the first and the platform's retry: told once
+        chat.user.say("hello", delivery=56)
+    wait_until(chat.user.replies, what="the reply to the loop")
+    assert len(chat.fake.requests) == 3
+    chat.user.say("hello again")
+    chat.user.say_elsewhere("hi there", delivery=90)
+    wait_until(lambda: len(chat.user.replies()) == 3, what="the replies to the next messages")
+    chat.settled()
+    assert all(text.startswith(told) for text in chat.texts()) and len(chat.texts()) == 3, chat.texts()
+    assert len(chat.fake.requests) == 3
+
+
+def test_a_delivery_sent_again_after_the_budget_ended_its_turn_tells_its_user_once(chat):
+    """The platform sends the delivery of a loop the session's budget ended three times more (no
+    answer in time, a replica gone): no model is asked again, and the user, told once already
+    that the conversation cannot go on, is not told again for the same message."""
+    chat.fake.responder = lambda body: {"tool_calls": [{"name": "pay", "arguments": {"amount": 1}}],
+                                        "usage": {"prompt_tokens": 39990, "completion_tokens": 10}}
+    for _ in range(4):  # the first and the platform's three retries
+        assert chat.user.say("hello", delivery=55) == 200
+    assert chat.user.say("hello again") == 200  # a new message: told again, as it should be
+    wait_until(lambda: len(chat.user.replies()) >= 2, what="the replies")
     chat.settled()
     assert chat.texts() == [PAGE_TEXTS["session_budget_spent"]] * 2 and len(chat.fake.requests) == 3
 

@@ -21,9 +21,11 @@ import pytest
 
 import chatrun
 from channel_support import FakeTelegram, telegram_message
+from chatrun.definition.page_texts import BUILTIN
 from chatrun.errors import SessionQuota
 from chatrun.server import create_app
 from chatrun.server.sessions import SessionSettings
+from chatrun.store import replays
 from chatrun.store.aio import open_async_store
 from chatrun.store.record import Commit, owner_meta
 from chatrun.store.versions import CREATE
@@ -202,7 +204,8 @@ def test_a_channel_users_new_conversations_at_once_on_two_replicas_stop_exactly_
         fake, shared_store, tmp_path, monkeypatch):
     """A channel's user is a principal too (`telegram:<user id>`): one user writing in RACERS chats
     at once, the deliveries spread over two replicas, opens LIMIT conversations; the rest of the
-    deliveries are answered 429, for Telegram to send again later."""
+    deliveries are answered 200 and their user is told why, once for each (server/channels/door.py
+    `_told_at_limit`: a 429 had Telegram send them again for ever while the user read nothing)."""
     with FakeTelegram(TG_TOKEN) as api:
         for name, value in {"TG_TOKEN": TG_TOKEN, "TG_SECRET": TG_SECRET, "TG_API": api.url}.items():
             monkeypatch.setenv(name, value)
@@ -216,5 +219,57 @@ def test_a_channel_users_new_conversations_at_once_on_two_replicas_stop_exactly_
             answers = _race(replicas, lambda url, n: httpx.post(
                 f"{url}/channels/shop/telegram", json=telegram_message(100 + n, "hi", user=7, chat=1000 + n),
                 headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET}, timeout=60))
-    assert sorted(a.status_code for a in answers) == [200] * LIMIT + [429] * (RACERS - LIMIT), [a.text for a in answers]
+        told = [call["text"] for call in api.calls("sendMessage")]  # the notices (the replies wait in the outbox)
+    assert [a.status_code for a in answers] == [200] * RACERS, [a.text for a in answers]
+    assert told == [too_many(LIMIT)] * (RACERS - LIMIT), told
     assert asyncio.run(_owned(shared_store, "telegram:7")) == LIMIT
+
+
+def too_many(limit: int) -> str:
+    return BUILTIN["en"]["channel_too_many_sessions"].replace("{limit}", str(limit))
+
+
+def _claims_met(monkeypatch, met: Meeting) -> None:
+    """Each replica's claim of a delivery's replay mark held until every try has come to claim it
+    (a check that reads the mark, then writes it, would let each try tell the user)."""
+    claim = replays.claim
+
+    async def claimed(store: Any, request_id: str, until: float) -> bool:
+        await asyncio.to_thread(met.wait)
+        return await claim(store, request_id, until)
+
+    monkeypatch.setattr(replays, "claim", claimed)
+
+
+@pytest.mark.slow
+def test_a_delivery_at_the_limit_that_reaches_two_replicas_at_once_tells_its_user_once(
+        fake, shared_store, tmp_path, monkeypatch):
+    """A user at --max-sessions-per-principal writes in a new chat, and Telegram's delivery of it
+    reaches both replicas at once (its retry after a timeout landing on the other): both answer
+    200 and no model is asked; the user is told why once, not once a replica. Both tries are held
+    at the claim of the delivery's replay mark until each has come to it: the claim is one atomic
+    step in the shared store, so one of them tells."""
+    with FakeTelegram(TG_TOKEN) as api:
+        for name, value in {"TG_TOKEN": TG_TOKEN, "TG_SECRET": TG_SECRET, "TG_API": api.url}.items():
+            monkeypatch.setenv(name, value)
+        fake.responder = lambda body: {"text": "Hello."}
+        (tmp_path / "bot.yaml").write_text(TG_BOT.replace("{OPENAI_MODEL}", "{" + OPENAI_MODEL + "}"))
+        met = Meeting()
+        _claims_met(monkeypatch, met)
+        replicas = [ThreadServer(create_app([str(tmp_path / "bot.yaml")], store=open_async_store(shared_store),
+                                            sessions=SessionSettings(max_sessions_per_principal=1)))
+                    for _ in range(2)]
+
+        def deliver(url: str, update: int, chat: int) -> httpx.Response:
+            return httpx.post(f"{url}/channels/shop/telegram", json=telegram_message(update, "hi", user=7, chat=chat),
+                              headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET}, timeout=60)
+
+        with replicas[0], replicas[1]:
+            assert deliver(replicas[0].url, 100, 1000).status_code == 200  # the user's one conversation
+            met.arm(2)
+            with ThreadPoolExecutor(2) as pool:
+                answers = list(pool.map(lambda replica: deliver(replica.url, 200, 2000), replicas))
+        told = [call["text"] for call in api.calls("sendMessage")]  # (the reply waits in the outbox: no worker here)
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert told == [too_many(1)], told
+    assert len(fake.requests) == 1

@@ -134,6 +134,7 @@ class UserBudgetSpent(TurnFailed):
     budget renews); the author the message naming the limit."""
 
     page_text = "user_budget_spent"
+    spent = "user"  # the failed turn's history entry says so: another try of its message cannot run
 
     def __init__(self, message: str, renews: str):
         super().__init__(message)
@@ -147,6 +148,7 @@ class SessionBudgetSpent(TurnFailed):
     conversation cannot go on, not "please try again"; the author the message naming the limit."""
 
     page_text = "session_budget_spent"
+    spent = "session"  # the failed turn's history entry says so: another try of its message cannot run
 
 
 class KnowledgeUnavailable(TurnFailed):

@@ -886,7 +886,7 @@ class Session:
             self._fail(before, entry, collected, f"the model failed on route {self.route}: {exc}", turn,
                        self._page_text("model_failed"))
         except ChatrunError as exc:  # TurnFailed and friends: the message names the place
-            self._fail(before, entry, collected, str(exc), turn, self._told(exc))
+            self._fail(before, entry, collected, str(exc), turn, self._told(exc), spent=getattr(exc, "spent", None))
         except Exception as exc:  # a bug in chatrun or in a library: still never lose the session
             detail = f"internal error on route {self.route}: {type(exc).__name__}: {exc}"
             self._log_internal(exc, turn.kept_text(detail))
@@ -919,9 +919,11 @@ class Session:
         return guardrails.kept_strings(entry, redact), stored
 
     def _fail(self, before: Checkpoint, entry: dict[str, Any], collected: list[Event], detail: str, turn: Turn,
-              text: str) -> None:
+              text: str, spent: str | None = None) -> None:
         """The turn failed: the user gets a safe Error text (no file paths, exception names or
-        stack details); the author gets `detail` in the Error event's meta, the history and the log."""
+        stack details); the author gets `detail` in the Error event's meta, the history and the log.
+        `spent`: the budget that ended it ("session", "user"), kept in its record, so a door knows
+        that another try of the same message could only tell its user again."""
         # The detail may quote what a handler or a backend raised (a card number, an email): the
         # `storage` guards redact it before the log, the Error's meta and the history keep it.
         detail = turn.kept_text(detail)
@@ -937,6 +939,8 @@ class Session:
         failed = entry | {"ok": False, "error": detail, "events": _plain(collected)}
         if ran:  # what a door tells its client, so it does not offer the message to send again
             failed["ran"] = ran
+        if spent:
+            failed["spent"] = spent
         replies = _replies(self.meta, self.bot.config, self.id, collected, self.locale)
         if replies:  # a channel's user still learns the turn failed (outbox_of keeps replies only)
             failed[OUTBOX_KEY] = replies

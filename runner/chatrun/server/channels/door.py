@@ -371,9 +371,11 @@ async def _handle(registry: SessionRegistry, channels: Channels, channel: Channe
     if await replays.seen(store, f"{kind}:{inbound.delivery}", time.time()):
         # Its session was deleted (an erasure, retention) after the message ran there: the
         # delivery's mark (store/replays.py) stands for the outcome that went with it.
-        # (Or it was refused at its user's session limit and they were told: `_told_at_limit`.)
+        # (Or it was refused at its user's session limit and they were told: `_told_at_limit`; or
+        # a budget ended its turn and they were told: `_run`.)
         log.warning("channel %s of bot %s: refused delivery %s: it was answered before, in a session since "
-                    "deleted or by the session limit's notice (a replay?)", kind, bot, inbound.delivery)
+                    "deleted, by the session limit's notice or by a spent budget's (a replay?)", kind, bot,
+                    inbound.delivery)
         return
     if inbound.sequence is not None and (scope := channel.sequence_scope()) is not None \
             and await replays.out_of_sequence(store, scope, inbound.sequence, time.time()):
@@ -445,6 +447,9 @@ async def _run(registry: SessionRegistry, channels: Channels, channel: ChannelKi
             async for event in run:  # the events reach the user through the outbox, after the commit
                 if streamer is not None:
                     await streamer.chunk(event)
+            if run.entry.get("spent") and not run.replayed:  # a failed turn keeps no outcome to replay
+                # A budget ended it: the platform's retry could only tell the user again (`_handle`).
+                await replays.keep(registry.store, [request_id], time.time() + replays.WINDOW)
     except wire.RequestFailed as exc:
         # A busy session (if busy: reject, or a queue waited out) heals too: the platform sends again.
         if wire.HTTP_STATUS.get(exc.reason, 400) >= 500 or exc.reason == wire.TOO_MANY_REQUESTS:
