@@ -196,12 +196,15 @@ class PostgresStore:
         batch, COMMIT (or ROLLBACK, on an error) with the last; `pipe.sync()` sends a batch and reads
         its results. (psycopg's transaction() in a pipeline syncs at its start and its end: two round
         trips more.)"""
+        import psycopg
+
         async with self._conn(what) as conn, conn.pipeline() as pipe:
             await conn.execute("BEGIN")
             try:
                 yield conn, pipe
             except BaseException:
-                await conn.execute("ROLLBACK")  # sent as the pipeline ends
+                with contextlib.suppress(psycopg.Error):  # a broken connection: the pool drops it
+                    await conn.execute("ROLLBACK")  # sent as the pipeline ends
                 raise
             await conn.execute("COMMIT")
 
