@@ -123,3 +123,33 @@ def test_a_connection_cut_by_a_restart_moments_after_its_use_is_replaced_not_han
             await store.close()
 
     assert asyncio.run(go()) == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_refused_commit_in_its_pipeline_rolls_back_and_the_connection_serves_the_next(postgres_server):
+    """A stale writer and a lost lease are refused from the pipelined reads (StaleVersion,
+    LeaseLost: 409 to a client), their transaction rolled back, and the next commit, on the same
+    pooled connection (the pool holds one), lands."""
+    from chatrun.store.postgres import PostgresStore
+    from chatrun.store.versions import LeaseLost, StaleVersion
+
+    async def go() -> list[int]:
+        store = PostgresStore(postgres_server.url() + "?max_connections=1")
+        try:
+            lease = await store.acquire("s", 5.0)
+            first = await store.commit_turn(_commit(CREATE, 1), lease)
+            with pytest.raises(StaleVersion):
+                await store.commit_turn(_commit(CREATE, 2), lease)
+            other = await store.acquire("t", 5.0)
+            await store.release(other)
+            with pytest.raises(LeaseLost):
+                await store.commit_turn(Commit.encode("t", {"turn": 1}, {}, [], expected=CREATE), other)
+            await store.commit_turn(_commit(first, 2), lease)
+            turns = [e["turn"] for e in await store.load_history("s")]
+            await store.release(lease)
+            return turns
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == [1, 2]

@@ -193,19 +193,12 @@ class PostgresStore:
     @contextlib.asynccontextmanager
     async def _pipelined_tx(self, what: str) -> AsyncIterator[tuple[Any, Any]]:
         """A connection inside one transaction, its statements pipelined: BEGIN goes with the first
-        batch, COMMIT (or ROLLBACK, on an error) with the last; `pipe.sync()` sends a batch and reads
-        its results. (psycopg's transaction() in a pipeline syncs at its start and its end: two round
-        trips more.)"""
-        import psycopg
-
+        batch, COMMIT with the last; `pipe.sync()` sends a batch and reads its results. On an error
+        the connection's context (the pool's) rolls the transaction back. (psycopg's transaction()
+        in a pipeline syncs at its start and its end: two round trips more.)"""
         async with self._conn(what) as conn, conn.pipeline() as pipe:
             await conn.execute("BEGIN")
-            try:
-                yield conn, pipe
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):  # a broken connection: the pool drops it
-                    await conn.execute("ROLLBACK")  # sent as the pipeline ends
-                raise
+            yield conn, pipe
             await conn.execute("COMMIT")
 
     async def _one(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
