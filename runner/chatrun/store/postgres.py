@@ -19,7 +19,10 @@ stops renewing; its lease expires and its uncommitted turn never lands. Outbox c
 `FOR UPDATE SKIP LOCKED`: two workers never claim one entry.
 
 Every connection comes from one asyncio pool (psycopg_pool), checked before use: after a
-PostgreSQL restart the stale connections are replaced, not handed to a request.
+PostgreSQL restart the stale connections are replaced, not handed to a request. The check asks
+the server (an empty query) only when the connection may be stale: its socket has something to
+read while idle (a restart's closing) or it was idle STALE_CHECK_IDLE seconds or more
+(`_check_if_stale`); a served turn's store calls, moments apart, send no empty query.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import contextlib
 import json
 import logging
 import secrets
+import select
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -92,6 +97,9 @@ DEFAULT_MAX_CONNECTIONS = 20
 LEASE_CHANNEL = "chatrun_lease"  # NOTIFY channel: a session's lease was released (payload: the session id)
 LISTENING_POLL = 0.25  # longest pause between two looks at the queue while NOTIFY wakes the waiters
 _NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::float8"
+STALE_CHECK_IDLE = 5.0  # s: a pooled connection given back longer ago is checked with a query before use
+_RETURNED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()  # connection -> given back at
+_HOLDS = f"SELECT 1 FROM leases WHERE session_id = %s AND token = %s AND expires > {_NOW_MS}"  # a row: still held
 
 
 def postgres_url_parts(url: str) -> tuple[str, int]:
@@ -157,7 +165,7 @@ class PostgresStore:
                 except psycopg.Error as exc:
                     raise ChatrunError(f"store {self.url}: cannot reach PostgreSQL: {str(exc).strip()}") from None
                 pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections, open=False,
-                                           check=AsyncConnectionPool.check_connection, timeout=30,
+                                           check=_check_if_stale, reset=_note_returned, timeout=30,
                                            configure=_autocommit, kwargs={"connect_timeout": 5})
                 await pool.open(wait=False)
                 self._pool = pool
@@ -181,6 +189,17 @@ class PostgresStore:
         """A connection inside one transaction (committed at the end, rolled back on an error)."""
         async with self._conn(what) as conn, conn.transaction():
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def _pipelined_tx(self, what: str) -> AsyncIterator[tuple[Any, Any]]:
+        """A connection inside one transaction, its statements pipelined: BEGIN goes with the first
+        batch, COMMIT with the last; `pipe.sync()` sends a batch and reads its results. On an error
+        the connection's context (the pool's) rolls the transaction back. (psycopg's transaction()
+        in a pipeline syncs at its start and its end: two round trips more.)"""
+        async with self._conn(what) as conn, conn.pipeline() as pipe:
+            await conn.execute("BEGIN")
+            yield conn, pipe
+            await conn.execute("COMMIT")
 
     async def _one(self, what: str, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
         """One statement's first row: atomic as any statement is, without a transaction around it."""
@@ -356,9 +375,7 @@ class PostgresStore:
     async def _holds(conn: Any, lease: Lease | None) -> bool:
         if lease is None or not lease.token:
             return True
-        row = await (await conn.execute(f"SELECT 1 FROM leases WHERE session_id = %s AND token = %s "
-                                        f"AND expires > {_NOW_MS}", (lease.session_id, lease.token))).fetchone()
-        return row is not None
+        return await (await conn.execute(_HOLDS, (lease.session_id, lease.token))).fetchone() is not None
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -392,29 +409,23 @@ class PostgresStore:
             raise ChatrunError(f"store {self.url}: session {session_id}: a commit names the version it expects")
         if lease is not None and lease.lost:
             raise LeaseLost(session_id)
-        async with self._tx(f"save a turn of session {session_id}") as conn:
-            await _lock_session(conn, session_id)
-            if not await self._holds(conn, lease):
-                raise LeaseLost(session_id)
-            row = await (await conn.execute("SELECT version, tallies, pending FROM sessions WHERE session_id = %s",
-                                            (session_id,))).fetchone()
-            current = None if row is None else str(row[0])
-            if (expected == CREATE and current is not None) or (expected != CREATE and current != expected):
-                raise StaleVersion(session_id, expected, current)
-            if commit.quota_owner is not None:
-                commit.check_quota(await _lock_owned(conn, commit.quota_owner))
-            version = next_version(current)
-            await _remember(conn, commit, self.clock())
-            async with conn.pipeline():  # the writes, sent together: one round trip, not one per statement
-                await conn.execute(
-                    "INSERT INTO sessions (session_id, snapshot, version, updated_at, bot, owner, due, pending) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
-                    "snapshot = excluded.snapshot, version = excluded.version, updated_at = excluded.updated_at, "
-                    "bot = excluded.bot, owner = excluded.owner, due = excluded.due, pending = excluded.pending",
-                    (session_id, commit.snapshot_json, version, self.clock(), commit.bot or "", commit.owner,
-                     commit.due, commit.pending_count))
-                await _index_commit(conn, commit, None if row is None else row[1], 0 if row is None else row[2])
-                await _write_turn(conn, commit)
+        # Two round trips: what the checks need, read under the locks (one pipeline), then the
+        # writes and COMMIT (another); BEGIN goes with the first. A refused check rolls back.
+        async with self._pipelined_tx(f"save a turn of session {session_id}") as (conn, pipe):
+            read = await _read_for_commit(conn, commit, lease)
+            await pipe.sync()
+            row = await read.checked(session_id, expected)
+            version = next_version(None if row is None else str(row[0]))
+            await _remember(conn, commit, await read.user_records(), self.clock())
+            await conn.execute(
+                "INSERT INTO sessions (session_id, snapshot, version, updated_at, bot, owner, due, pending) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET "
+                "snapshot = excluded.snapshot, version = excluded.version, updated_at = excluded.updated_at, "
+                "bot = excluded.bot, owner = excluded.owner, due = excluded.due, pending = excluded.pending",
+                (session_id, commit.snapshot_json, version, self.clock(), commit.bot or "", commit.owner,
+                 commit.due, commit.pending_count))
+            await _index_commit(conn, commit, None if row is None else row[1], 0 if row is None else row[2])
+            await _write_turn(conn, commit)
         return version
 
     async def load_history(self, session_id: str) -> list[JSONObject]:
@@ -607,16 +618,58 @@ async def _lock_session(conn: Any, session_id: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('session:' || %s, 0))", (session_id,))
 
 
-async def _remember(conn: Any, commit: Commit, now: float) -> None:
-    """What the commit's turns remembered of their user and used of their budget, in the
-    commit's transaction. The record is the user's, not the session's: two sessions of one user
-    commit at once, so it is locked (an advisory lock for a record not there yet, FOR UPDATE for
-    the row an erasure deletes; always in the same order: memory, then budget)."""
+class _CommitRead:
+    """The cursors of a commit's first round trip (_read_for_commit), read once it is synced."""
+
+    def __init__(self, commit: Commit, held: Any, session: Any, owned: Any, records: dict[str, Any]):
+        self.commit, self.held, self.session, self.owned, self.records = commit, held, session, owned, records
+
+    async def checked(self, session_id: str, expected: str) -> Any:
+        """The session's row (version, tallies, pending) or None, once the lease, the version and
+        the quota are found as the commit needs them (LeaseLost, StaleVersion, SessionQuota)."""
+        if self.held is not None and await self.held.fetchone() is None:
+            raise LeaseLost(session_id)
+        row = await self.session.fetchone()
+        current = None if row is None else str(row[0])
+        if (expected == CREATE and current is not None) or (expected != CREATE and current != expected):
+            raise StaleVersion(session_id, expected, current)
+        if self.owned is not None:
+            self.commit.check_quota(int((await self.owned.fetchone())[0]))
+        return row
+
+    async def user_records(self) -> dict[str, JSONObject | None]:
+        found = {key: await cursor.fetchone() for key, cursor in self.records.items()}
+        return {key: None if row is None else from_json(row[0]) for key, row in found.items()}
+
+
+async def _read_for_commit(conn: Any, commit: Commit, lease: Lease | None) -> _CommitRead:
+    """Queue (a pipeline) what a commit reads before it writes, in the order its locks are taken:
+    the session's lock, the lease, the session's row, the owner's tally (Commit.quota), then each
+    user record it changes, locked (an advisory lock for a record not there yet, FOR UPDATE for
+    the row an erasure deletes; always in the same order: memory, then budget). The user record
+    is the user's, not the session's: two sessions of one user commit at once."""
+    await _lock_session(conn, commit.session_id)
+    held = None
+    if lease is not None and lease.token:
+        held = await conn.execute(_HOLDS, (lease.session_id, lease.token))
+    session = await conn.execute("SELECT version, tallies, pending FROM sessions WHERE session_id = %s",
+                                 (commit.session_id,))
+    owned = None if commit.quota_owner is None else await conn.execute(_LOCK_OWNED, (TALLY_OWNER, commit.quota_owner))
+    records: dict[str, Any] = {}
+    for key in dict.fromkeys(user_records.key_of(item) for item in commit.user_writes()):
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('record:' || %s, 0))", (key,))
+        records[key] = await conn.execute("SELECT record FROM records WHERE key = %s FOR UPDATE", (key,))
+    return _CommitRead(commit, held, session, owned, records)
+
+
+async def _remember(conn: Any, commit: Commit, found: dict[str, JSONObject | None], now: float) -> None:
+    """What the commit's turns remembered of their user and used of their budget, written after
+    `found` (each record as read, locked, by _read_for_commit): each item in turn, one write a record."""
+    records = dict(found)
     for item in commit.user_writes():
         key = user_records.key_of(item)
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('record:' || %s, 0))", (key,))
-        row = await (await conn.execute("SELECT record FROM records WHERE key = %s FOR UPDATE", (key,))).fetchone()
-        record = user_records.written(None if row is None else from_json(row[0]), item, now)
+        records[key] = user_records.written(records[key], item, now)
+    for key, record in records.items():
         if record is None:
             await conn.execute("DELETE FROM records WHERE key = %s", (key,))
         else:
@@ -674,16 +727,12 @@ async def _replace_waiting(conn: Any, session_id: str, waiting: WaitingEntry | N
                                   [(key, at, session_id) for key, at in waiting.positions.items()])
 
 
-async def _lock_owned(conn: Any, owner: str) -> int:
-    """How many sessions `owner` has, its tally row locked until the transaction ends: one
-    statement, so two replicas creating the owner's sessions at once count one after the other
-    (the second waits for the first's commit and reads its count). A new owner's row is made
-    with 0; a refused commit rolls it back. Owner rows sort first of the tallies
-    (_move_tallies' order): no deadlock."""
-    row = await (await conn.execute(
-        "INSERT INTO tallies (family, name, n) VALUES (%s, %s, 0) ON CONFLICT (family, name) "
-        "DO UPDATE SET n = tallies.n RETURNING n", (TALLY_OWNER, owner))).fetchone()
-    return int(row[0])
+# How many sessions the owner has, its tally row locked until the transaction ends: one
+# statement, so two replicas creating the owner's sessions at once count one after the other (the
+# second waits for the first's commit and reads its count). A new owner's row is made with 0; a
+# refused commit rolls it back. Owner rows sort first of the tallies (_move_tallies' order): no deadlock.
+_LOCK_OWNED = ("INSERT INTO tallies (family, name, n) VALUES (%s, %s, 0) ON CONFLICT (family, name) "
+               "DO UPDATE SET n = tallies.n RETURNING n")
 
 
 async def _move_tallies(conn: Any, old: list[tuple[str, str, int]], new: list[tuple[str, str, int]]) -> None:
@@ -709,6 +758,35 @@ async def _save_entry(conn: Any, entry: OutboxEntry) -> None:
 async def _autocommit(conn: Any) -> None:
     """The pool's connections run each statement as its own transaction; `_tx` opens one for more."""
     await conn.set_autocommit(True)
+
+
+async def _note_returned(conn: Any) -> None:
+    """The pool's reset: when the connection was last given back (what _check_if_stale reads)."""
+    _RETURNED[conn] = time.monotonic()
+
+
+async def _check_if_stale(conn: Any) -> None:
+    """The pool's check before it hands a connection out: an empty query (a round trip) only
+    for a connection that may be stale. A PostgreSQL restart or a killed server closes every
+    connection, and the closing reaches the client's socket: it has something to read while
+    idle (the server's "terminating connection" or the end of the stream), seen without asking
+    the server; nothing to read and given back under STALE_CHECK_IDLE seconds ago, it is used as
+    it is. One idle longer (the server's host may have gone without a word) is asked."""
+    from psycopg_pool import AsyncConnectionPool
+
+    returned = _RETURNED.get(conn)
+    if returned is None or time.monotonic() - returned >= STALE_CHECK_IDLE or _has_input(conn):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _has_input(conn: Any) -> bool:
+    """Whether an idle connection's socket has something to read (or is closed): True when it
+    cannot be told (no poll on this system; a closed connection)."""
+    if conn.closed or not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 async def migrate(conn: Any, shown: str) -> None:
