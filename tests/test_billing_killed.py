@@ -120,6 +120,9 @@ def check_metrics_count_it_once(metrics: dict) -> None:
     live = (("bot", "travel"), ("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"),
             ("gen_ai_request_model", "gpt-4o-mini"), ("gen_ai_token_type", "input"))
     assert metrics[("gen_ai_client_token_usage_sum", live)] == 505
+    # The version's cost: its own calls and the dead attempt's (its record names the version).
+    [version_cost] = [v for (name, _), v in metrics.items() if name == "chatrun_version_cost_total"]
+    assert version_cost == pytest.approx(((505 + 100) * 1.0 + (51 + 10) * 2.0) / 1e6)
 
 
 async def reported(url: str) -> tuple[int, int]:
