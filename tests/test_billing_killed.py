@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -52,12 +53,14 @@ async def send(ws_url: str, text: str, fake: FakeOpenAI, calls_before_kill: int 
 PRICES = "prices:\n  gpt-4o-mini: {input: 1.0, output: 2.0}\n"  # per million tokens
 
 
-def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[int, int], dict]:
+def killed_then_retried(tmp_path, store: str, extra: str = "", settled: Callable[[], object] = lambda: None,
+                        ) -> tuple[dict, list[dict], tuple[int, int], dict]:
     """The session r1 (its resource) after a committed turn, a killed attempt, its retry and one
     more turn; the retry's frames; what the report read between the kill and the restart (tokens,
-    unfinished); the restarted server's metrics after the retry and the next turn (`scraped`)."""
+    unfinished); the restarted server's metrics after the retry and the next turn (`scraped`).
+    `extra`: more of the bot's YAML; `settled`: waited for before the restarted server stops."""
     path = write_travel(tmp_path / "bots")
-    path.write_text(path.read_text() + PRICES)
+    path.write_text(path.read_text() + PRICES + extra)
     bot = str(path)
     port = free_port()
     base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/_chat/routes"
@@ -80,6 +83,7 @@ def killed_then_retried(tmp_path, store: str) -> tuple[dict, list[dict], tuple[i
         try:
             frames = asyncio.run(send(ws_url, "I'm Ana", fake))
             asyncio.run(send(ws_url, "bye", fake))  # the next turn does not count the dead attempt again
+            settled()
             metrics = scraped(httpx.get(f"{base}/metrics").text)
             return httpx.get(f"{base}/bots/travel/sessions/r1").json(), frames, between, metrics
         finally:
@@ -116,6 +120,9 @@ def check_metrics_count_it_once(metrics: dict) -> None:
     live = (("bot", "travel"), ("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"),
             ("gen_ai_request_model", "gpt-4o-mini"), ("gen_ai_token_type", "input"))
     assert metrics[("gen_ai_client_token_usage_sum", live)] == 505
+    # The version's cost: its own calls and the dead attempt's (its record names the version).
+    [version_cost] = [v for (name, _), v in metrics.items() if name == "chatrun_version_cost_total"]
+    assert version_cost == pytest.approx(((505 + 100) * 1.0 + (51 + 10) * 2.0) / 1e6)
 
 
 async def reported(url: str) -> tuple[int, int]:
@@ -160,11 +167,15 @@ def test_on_postgres_a_killed_attempts_billed_call_is_counted_once_with_its_retr
     assert asyncio.run(reported(url)) == (11 + 110 + 550 + 6, 1)
 
 
-def v1_killed_then_retried(tmp_path, store: str) -> dict:
+def v1_killed_then_retried(tmp_path, store: str, extra: str = "", settled: Callable[[], object] = lambda: None,
+                           ) -> dict:
     """The same dead attempt over `/v1` (the real `openai` client): a committed answer, then the
     next request's turn killed after its first call answered; the client sends the request again
-    (its retry takes over the dead attempt's claim) and one more. The stored session (its resource)."""
-    bot = str(write_travel(tmp_path / "bots"))
+    (its retry takes over the dead attempt's claim) and one more. The stored session (its resource).
+    `extra`: more of the bot's YAML; `settled`: waited for before the restarted server stops."""
+    path = write_travel(tmp_path / "bots")
+    path.write_text(path.read_text() + extra)
+    bot = str(path)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
@@ -193,6 +204,7 @@ def v1_killed_then_retried(tmp_path, store: str) -> dict:
             more = [*again, {"role": "assistant", "content": "Hi Ana"}, {"role": "user", "content": "bye"}]
             last = client.chat.completions.create(model="travel", messages=more)
             session = last.model_extra["chatrun"]["session"]
+            settled()
             return httpx.get(f"{base}/bots/travel/sessions/{session}").json()
         finally:
             second.kill()

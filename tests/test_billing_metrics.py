@@ -88,12 +88,51 @@ def test_a_session_in_memory_counts_no_unfinished_attempt(fake, tmp_path):
         assert unfinished(client) == (0, 0, 0, 0)
 
 
-async def _a_dead_attempt(url: str, session: str) -> None:
+async def _a_dead_attempt(url: str, session: str, version: str | None = None) -> None:
     """The session's usage record as a server killed after a model call answered left it
     (store/billing.py): an attempt no commit counted, with its call's usage."""
     store = await open_existing_store(url)
     try:
-        await store.put_record(f"usage:{session}", {"attempt": "dead0001", "turn": 1, "at": 1796637600.0,
-                                                    "usage": DEAD}, session)
+        record = {"attempt": "dead0001", "turn": 1, "at": 1796637600.0, "usage": DEAD,
+                  **({"version": version} if version else {})}
+        await store.put_record(f"usage:{session}", record, session)
+    finally:
+        await store.close()
+
+
+def _samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in parser.text_string_to_metric_families(client.get("/metrics").text)
+            for s in family.samples}
+
+
+def test_a_dead_attempts_cost_counts_for_the_bot_version_that_ran_it(fake, tmp_path):
+    """chatrun_version_cost_total gets a dead attempt's cost under the version its usage record
+    names (a canary killed mid-turn is billed to the canary), and the record each model call
+    writes names the version that made the call."""
+    (tmp_path / "bot.yaml").write_text(BOT)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with TestClient(app_for_testclient(str(tmp_path / "bot.yaml"), url)) as client:
+        assert client.post("/bots/desk/sessions", json={"id": "s"}).status_code == 201
+    asyncio.run(_a_dead_attempt(url, "s", version="v-canary"))
+    fake.responder = lambda body: {"text": "Hi.", "usage": {"prompt_tokens": 20, "completion_tokens": 5,
+                                                            "total_tokens": 25}}
+    with TestClient(app_for_testclient(str(tmp_path / "bot.yaml"), url)) as client:
+        said = client.post("/bots/desk/sessions/s/messages", json={"userMessage": "hello"})
+        assert said.status_code == 200 and said.json()["ok"], said.text
+        samples = _samples(client)
+    live = [dict(labels)["bot_version"] for (name, labels) in samples if name == "chatrun_version_turns_total"]
+    assert len(live) == 1 and live[0] != "v-canary"
+    assert samples[("chatrun_version_cost_total", (("bot", "desk"), ("bot_version", "v-canary")))] == \
+        pytest.approx(0.00012)
+    assert samples[("chatrun_version_cost_total", (("bot", "desk"), ("bot_version", live[0])))] == \
+        pytest.approx((20 + 5 * 2) / 1e6)
+    assert asyncio.run(_the_record(url, "s"))["version"] == live[0]
+
+
+async def _the_record(url: str, session: str) -> dict:
+    store = await open_existing_store(url)
+    try:
+        return await store.get_record(f"usage:{session}")
     finally:
         await store.close()

@@ -585,8 +585,10 @@ class Turn:
     async def journaled(self, attempt: Attempt) -> None:
         """A model call ended: the attempt's usage so far recorded durably (one write), so a process
         killed before the commit does not lose what the provider billed."""
-        assert self.t.c.journal is not None
-        if await self.t.c.journal.write(self.t.c.id, attempt.record(self.number, self.usage, self.calls_usage)):
+        c = self.t.c
+        assert c.journal is not None
+        record = attempt.record(self.number, self.usage, self.calls_usage, c.config.content_version)
+        if await c.journal.write(c.id, record):
             attempt.written = True
 
     def session_usage(self) -> Usage:

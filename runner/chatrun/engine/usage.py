@@ -203,7 +203,9 @@ class Attempt:
             return self.id
         return self.unfinished[-1].get("attempt") if self.unfinished else before
 
-    def record(self, turn: int, usage: Usage, calls: list[dict[str, Any]]) -> dict[str, Any]:
-        """This attempt's usage record after a model call (store/billing.py)."""
-        return {"attempt": self.id, "turn": turn, "at": time.time(), "usage": {**usage.to_dict(), "by_call": calls},
+    def record(self, turn: int, usage: Usage, calls: list[dict[str, Any]], version: str) -> dict[str, Any]:
+        """This attempt's usage record after a model call (store/billing.py), naming the bot
+        `version` that made the calls (its cost counts for it should the attempt never commit)."""
+        return {"attempt": self.id, "turn": turn, "at": time.time(), "version": version,
+                "usage": {**usage.to_dict(), "by_call": calls},
                 **({"earlier": self.unfinished} if self.unfinished else {})}

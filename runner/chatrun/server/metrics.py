@@ -229,10 +229,14 @@ class ServerMetrics:
     def unfinished_counted(self, bot: str, attempts: list[dict[str, Any]]) -> None:
         """A commit landed that counted the session's earlier attempts that never committed (a
         killed process's, as the history records them: store/billing.py `failed_entry`): their
-        calls, by model, into the unfinished counters."""
+        calls, by model, into the unfinished counters, and their cost into the version's (the
+        one its usage record names; a record written before records named it counts for none)."""
         for attempt in attempts:
             self.child(self.unfinished_attempts, bot).inc()
             usage = attempt.get("usage")
+            cost = usage.get("cost") if isinstance(usage, dict) else None
+            if attempt.get("version") and isinstance(cost, (int, float)) and cost:
+                self.child(self.version_cost, bot, str(attempt["version"])).inc(float(cost))
             for call in _calls(usage if isinstance(usage, dict) else {}):
                 model = str(call.get("model") or "")
                 for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):

@@ -3,7 +3,7 @@
 A provider bills a model call as soon as it answers; a server killed before the turn commits
 would lose that usage (the turn's usage reaches the store only with its commit). So a server's
 session writes, after each model call of a turn, one record `usage:<session>` naming the
-attempt (a random id per turn tried), its turn and what its calls used so far (the `usage`
+attempt (a random id per turn tried), its turn, the bot version that ran it and what its calls used so far (the `usage`
 dict of a history entry, `by_call` included), plus `earlier`: the attempts an earlier record
 named that no commit counted yet. The record is replaced at each call (one write a call, none
 at the commit) and deleted with its session.
@@ -46,13 +46,15 @@ def unfinished(record: Any, billed: str | None) -> list[dict[str, Any]]:
     if not isinstance(record, dict) or record.get("attempt") in (None, billed):
         return []
     earlier = [e for e in record.get("earlier") or () if isinstance(e, dict)]
-    return [*earlier, {k: record.get(k) for k in ("attempt", "turn", "at", "usage")}]
+    last = {k: record.get(k) for k in ("attempt", "turn", "at", "usage")}
+    return [*earlier, {**last, "version": record["version"]} if record.get("version") else last]
 
 
 def failed_entry(attempt: dict[str, Any]) -> dict[str, Any]:
     """An unfinished attempt as the history records it: a failed attempt of its turn."""
     return {"turn": attempt.get("turn"), "at": attempt.get("at"), "ok": False, "error": UNFINISHED_ERROR,
-            "unfinished": True, "attempt": attempt.get("attempt"), "usage": attempt.get("usage") or {}}
+            "unfinished": True, "attempt": attempt.get("attempt"), "usage": attempt.get("usage") or {},
+            **({"version": attempt["version"]} if attempt.get("version") else {})}
 
 
 class RecordJournal:
