@@ -175,8 +175,8 @@ class SessionOpener:
             # the live session's own version: whose `operator:` roles may step in
             if not reaches(request.reach, request.principal, record, slot.session.bot, self._versions(request.bot)):
                 raise not_found(request.session_id)
-        if slot.session is not None:  # its turn's first attempt takes the usage record read with the lease
-            slot.session.held_with(lease)
+        if slot.session is not None and lease.usage_read:  # its turn's first attempt takes the usage
+            slot.session.held_with(lease)  # record the store read with the lease (Redis, PostgreSQL)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         record = await self._load(request.session_id)
