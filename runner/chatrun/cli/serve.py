@@ -192,8 +192,9 @@ def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--max-bundle-mb", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Largest bot version (its files) published to the store or loaded from it, in MiB.")
 @click.option("--max-sessions-per-principal", default=0, show_default=True, type=click.IntRange(min=0),
-              help="With --auth: sessions one principal may own (0: no limit); checked and counted with each new "
-                   "session's write, across replicas sharing a store too (a 429 names it).")
+              help="Sessions one principal may own (0: no limit): an --auth token's, a channel's user, a widget "
+                   "visitor; checked and counted with each new session's write, across replicas sharing a store "
+                   "too (a 429 names it; a channel's user is told why instead, once).")
 @click.option(
     "--auth",
     "auth_file",
