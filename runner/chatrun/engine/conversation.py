@@ -60,7 +60,6 @@ from chatrun.store.record import (
 
 if TYPE_CHECKING:
     from chatrun.store.billing import RecordJournal
-    from chatrun.store.lease import Lease
 
 SNAPSHOT_VERSION = 1
 DONE_CALLS_KEY = "calls_done"  # the snapshot's record of calls done once (engine/once.py)
@@ -106,7 +105,7 @@ class Conversation:
                  "_memories", "usage", "ended", "clock", "turn_instant", "tokenizer", "pending", "next_pending",
                  "taken_over", "resolved", "done_calls", "follow_up", "outcome", "user_memory",
                  "remembered", "unknown", "retry", "unscreened", "moved_by", "user_spent", "billed", "journal",
-                 "record_read", "lease")
+                 "record_read", "lease_record")
 
     def __init__(self, config: BotConfig, store: SessionStore, session_id: str,
                  roles: set[str] | None = None):
@@ -174,9 +173,10 @@ class Conversation:
         self.billed: str | None = None
         self.journal: RecordJournal | None = None
         self.record_read = False  # this live copy read its usage record (engine/turn.py `open_attempt`)
-        # The lease of the request about to run a turn (the server's SessionOpener.ready), taken by
-        # its first attempt: a store that read the usage record with it spares that attempt the read.
-        self.lease: Lease | None = None
+        # The usage record a store read with the lease of the request about to run a turn (Redis,
+        # PostgreSQL: the server's SessionOpener.ready), as a 1-tuple of its JSON text (None: no
+        # record), taken by the request's first attempt, which so spares its own read; None: not read.
+        self.lease_record: tuple[str | None] | None = None
 
     # -- starting and resuming ---------------------------------------------------------
 

@@ -82,7 +82,6 @@ from chatrun.store.record import (
 if TYPE_CHECKING:
     from chatrun.definition.config import AttachmentPolicy, BotConfig
     from chatrun.engine.bot import Bot
-    from chatrun.store.lease import Lease
 
 log = logging.getLogger("chatrun")
 Input = str | dict[str, Any] | Decision | None
@@ -399,11 +398,11 @@ class Session:
         what was billed; the next attempt counts it once."""
         self._c.journal = journal
 
-    def held_with(self, lease: Lease) -> None:
-        """The lease the request about to use the session holds (a server's): the usage record
-        a store read with it (Redis, PostgreSQL) is what the request's first attempt counts, no
-        read of its own; a later attempt of the same request reads the store."""
-        self._c.lease = lease
+    def held_with(self, usage_record: str | None) -> None:
+        """The usage record (its JSON text, None: none) the store read with the lease of the
+        request about to use the session (a server's, on Redis or PostgreSQL): what the request's
+        first attempt counts, no read of its own; a later attempt of the same request reads the store."""
+        self._c.lease_record = (usage_record,)
 
     @property
     def closed(self) -> bool:

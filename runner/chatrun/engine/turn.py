@@ -579,8 +579,8 @@ class Turn:
         if c.record_read and c.journal.local:  # only this process writes the record: it knows it
             return Attempt([])
         c.record_read = True  # a live copy is dropped when a commit of it fails: it counted what it read
-        lease, c.lease = c.lease, None  # read with the lease: current for this request's first attempt only
-        return Attempt(unfinished(await c.journal.read(c.id, lease), c.billed))
+        known, c.lease_record = c.lease_record, None  # read with the lease: for this request's first attempt only
+        return Attempt(unfinished(await c.journal.read(c.id, known), c.billed))
 
     async def journaled(self, attempt: Attempt) -> None:
         """A model call ended: the attempt's usage so far recorded durably (one write), so a process

@@ -176,7 +176,7 @@ class SessionOpener:
             if not reaches(request.reach, request.principal, record, slot.session.bot, self._versions(request.bot)):
                 raise not_found(request.session_id)
         if slot.session is not None and lease.usage_read:  # its turn's first attempt takes the usage
-            slot.session.held_with(lease)  # record the store read with the lease (Redis, PostgreSQL)
+            slot.session.held_with(lease.usage_record)  # record the store read with the lease (Redis, PostgreSQL)
 
     async def _open(self, slot: Slot, request: SessionRequest, lease: Lease) -> None:
         record = await self._load(request.session_id)

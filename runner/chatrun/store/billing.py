@@ -26,7 +26,6 @@ from chatrun.store.record import from_json
 
 if TYPE_CHECKING:
     from chatrun.store.aio import AsyncStore
-    from chatrun.store.lease import Lease
 
 log = logging.getLogger("chatrun.store")
 
@@ -68,13 +67,13 @@ class RecordJournal:
         # once knows every later one, its own process writing them (engine/turn.py `open_attempt`).
         self.local = not store.distributed
 
-    async def read(self, session_id: str, lease: Lease | None = None) -> dict[str, Any] | None:
+    async def read(self, session_id: str, known: tuple[str | None] | None = None) -> dict[str, Any] | None:
         """The session's usage record, or None (also when the store cannot be read: logged): the
-        one the store read with `lease` when it did (Redis, PostgreSQL: no round trip of its own),
-        else read now."""
+        one the store read with the request's lease when it did (`known`: a 1-tuple of its JSON
+        text, None inside for no record; Redis, PostgreSQL: no round trip of its own), else read now."""
         try:
-            if lease is not None and lease.usage_read:
-                return None if lease.usage_record is None else from_json(lease.usage_record)
+            if known is not None:
+                return None if known[0] is None else from_json(known[0])
             return await self.store.get_record(key_of(session_id))
         except Exception as exc:  # the turn goes on; its commit still counts its own calls
             log.warning("session %s: the record of earlier attempts' usage could not be read: %s", session_id, exc)
